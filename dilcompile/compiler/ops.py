@@ -1,0 +1,64 @@
+"""``torch.ops.dilcompile.*``: the dilated attention forward and backward as
+custom ops, so Dynamo and Inductor see one node per call (no trace through the
+Python loop over parts, no guards on N) with a fake rule for shapes and an
+autograd rule that routes to the backward op."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..dilated.geometry import plan_parts
+from ..dilated.impl.sdpa import dilated_backward, dilated_forward
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("dilcompile::dilated_fwd", mutates_args=())
+def dilated_fwd(
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
+    mode: str, causal: bool, scale: float,
+) -> tuple[Tensor, Tensor]:
+    """Merged dilated attention (before the groups-mode 1/m): out (B, H, N, D), lse (B, H, N)."""
+    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    return dilated_forward(q, k, v, parts, causal, scale)
+
+
+@dilated_fwd.register_fake
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("dilcompile::dilated_bwd", mutates_args=())
+def dilated_bwd(
+    grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    return dilated_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale)
+
+
+@dilated_bwd.register_fake
+def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, segment_lengths, dilation_rates, mode, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
+    ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = dilated_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config)
+    return dq, dk, dv, None, None, None, None, None
+
+
+dilated_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,7 @@
+"""LongNet dilated attention: geometry, implementations, API and module."""
+
+from .api import choose_impl, dilated_attention
+from .config import DilatedAttentionConfig
+from .module import DilatedAttention
+
+__all__ = ["DilatedAttention", "DilatedAttentionConfig", "choose_impl", "dilated_attention"]

@@ -1,0 +1,100 @@
+"""``dilated_attention``: validate, choose the implementation, dispatch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .. import compiler  # noqa: F401  (registers torch.ops.dilcompile)
+from ..kernels import backend_for
+from .config import IMPLS, check_branches
+from .geometry import plan_parts
+from .impl.reference import dilated_reference
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}; "
+                             "for (B, N, H, D) inputs use x.transpose(1, 2)")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; use one of {_DTYPES}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
+                             "dilated attention needs q, k, v of one shape (B, H, N, D)")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast them to one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
+
+
+def choose_impl(q: Tensor, impl: str) -> str:
+    """The implementation ``impl`` resolves to for ``q``; raises if it cannot serve it."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference":
+        return impl
+    backend_for(q.device, q.dtype, q.shape[-1])  # raises with the reason if no kernel serves q
+    return "sdpa"
+
+
+def dilated_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    segment_lengths,
+    dilation_rates,
+    causal: bool = False,
+    mode: str = "longnet",
+    scale: float | None = None,
+    return_lse: bool = False,
+    impl: str = "auto",
+):
+    """LongNet dilated attention.
+
+    Args:
+        q, k, v: (B, H, N, D), one dtype and device. N need not be divisible
+            by any segment length; a segment longer than N is clamped to N.
+        segment_lengths, dilation_rates: one (w, r) pair per branch, all ≥ 1.
+        causal: key position ≤ query position.
+        mode: "longnet" — every head uses every branch with offset
+            ``h // ceil(H / r)``, branches merged by softmax denominators;
+            "groups" — the seed system's head groups, output divided by m.
+        scale: softmax scale, default 1/sqrt(D).
+        return_lse: also return the row log-sum-exp (B, H, N), float32
+            (float64 for float64 inputs); −inf where a row attends to nothing.
+        impl: "sdpa" (fused attention kernels), "reference" (float64 oracle,
+            O(N²) memory) or "auto" (= "sdpa").
+
+    Returns:
+        out (B, H, N, D) in q.dtype, or (out, lse) if return_lse. Rows no
+        branch covers are 0.
+    """
+    _check_qkv(q, k, v)
+    segments, rates = check_branches(segment_lengths, dilation_rates, mode)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    chosen = choose_impl(q, impl)
+
+    if chosen == "reference":
+        parts = plan_parts(q.shape[1], segments, rates, mode)
+        out, lse = dilated_reference(q, k, v, parts, causal, float(scale))
+        out = out.to(q.dtype)
+        lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    else:
+        out, lse = torch.ops.dilcompile.dilated_fwd(q, k, v, list(segments), list(rates), mode, causal, float(scale))
+    if mode == "groups":
+        out = out / len(segments)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,156 @@
+"""The fused-kernel path against the float64 reference, and the bad-input contract."""
+
+import pytest
+import torch
+
+from dilcompile import DilatedAttention, DilatedAttentionConfig, dilated_attention
+from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
+from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
+
+# (N, H, segments, rates): awkward N, H not a multiple of r, w % r != 0, segments > N.
+CASES = [
+    (1, 3, (4, 8), (1, 2)),
+    (7, 5, (4, 8), (1, 3)),
+    (97, 6, (16, 32, 64), (1, 3, 4)),
+    (97, 3, (200,), (5,)),
+    (1000, 4, (128, 256, 512, 1024), (1, 2, 4, 8)),
+    (1025, 8, (100, 300), (3, 7)),
+]
+
+
+def _run(q, k, v, segments, rates, causal, mode, impl):
+    return dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal,
+                             mode=mode, impl=impl, return_lse=True)
+
+
+@pytest.mark.parametrize("mode", ["longnet", "groups"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n, heads, segments, rates", CASES)
+def test_sdpa_matches_reference_float64_with_gradients(n, heads, segments, rates, causal, mode):
+    q, k, v = random_qkv(2 if n < 500 else 1, heads, n, 16, requires_grad=True)
+    out, lse = _run(q, k, v, segments, rates, causal, mode, "sdpa")
+    ref, ref_lse = _run(q, k, v, segments, rates, causal, mode, "reference")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    assert torch.equal(lse.isfinite(), ref_lse.isfinite())
+    assert not out.isnan().any()
+    covered = ref_lse.isfinite()
+    torch.testing.assert_close(lse[covered], ref_lse[covered], rtol=1e-10, atol=1e-10)
+    assert (out[~covered] == 0).all()
+
+    # Gradients through out and lse: merge weights included.
+    grad_out = torch.randn_like(out)
+    grad_lse = torch.randn_like(lse) * covered
+    def loss(o, l):
+        return (o * grad_out).sum() + (l.nan_to_num(0.0, 0.0, 0.0) * grad_lse).sum()
+    got = torch.autograd.grad(loss(out, lse), (q, k, v))
+    want = torch.autograd.grad(loss(ref, ref_lse), (q, k, v))
+    for name, g, w in zip("qkv", got, want):
+        assert not g.isnan().any(), name
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+def test_gradients_only_through_out_skip_lse_term():
+    q, k, v = random_qkv(1, 4, 50, 8, requires_grad=True)
+    kw = dict(segment_lengths=(8, 16), dilation_rates=(1, 2))
+    got = torch.autograd.grad(dilated_attention(q, k, v, **kw).square().sum(), (q, k, v))
+    want = torch.autograd.grad(dilated_attention(q, k, v, impl="reference", **kw).square().sum(), (q, k, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_torch_autograd_gradcheck():
+    q, k, v = random_qkv(1, 3, 11, 4, requires_grad=True)
+    fn = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(4, 8), dilation_rates=(1, 2),  # noqa: E731
+                                           causal=True, return_lse=True)
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_low_precision_within_twice_plain_pytorch_error(dtype, causal):
+    segments, rates, heads, n = (64, 128, 256), (1, 2, 4), 4, 300
+    q64, k64, v64 = random_qkv(1, heads, n, 32)
+    q, k, v = (t.to(dtype) for t in (q64, k64, v64))
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal)
+    out = dilated_attention(q, k, v, **kw)
+    ref = dilated_attention(q64, k64, v64, impl="reference", **kw)
+    count = multiplicity(plan_parts(heads, segments, rates), heads, n, causal)
+    plain = masked_attention_plain(q, k, v, count, 32 ** -0.5)
+    assert out.dtype == dtype
+    assert_within_low_precision_budget(out, plain, ref)
+
+
+def test_segment_longer_than_n_equals_clamped_segment():
+    q, k, v = random_qkv(1, 4, 37, 8)
+    a = dilated_attention(q, k, v, segment_lengths=(16, 500), dilation_rates=(1, 2))
+    b = dilated_attention(q, k, v, segment_lengths=(16, 37), dilation_rates=(1, 2))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_module_uses_config_and_matches_function():
+    config = DilatedAttentionConfig((8, 16), (1, 2), causal=True)
+    assert DilatedAttentionConfig.from_json(config.to_json()) == config
+    q, k, v = random_qkv(2, 4, 40, 8)
+    module = DilatedAttention(config=config)
+    want = dilated_attention(q, k, v, segment_lengths=(8, 16), dilation_rates=(1, 2), causal=True)
+    torch.testing.assert_close(module(q, k, v), want, rtol=0, atol=0)
+    torch.testing.assert_close(DilatedAttention((8, 16), (1, 2), causal=True)(q, k, v), want, rtol=0, atol=0)
+    assert "segment_lengths=(8, 16)" in repr(module)
+
+
+def test_nnz_closed_form_matches_mask():
+    for n, heads, segments, rates in CASES[:5]:
+        for mode in ("longnet", "groups"):
+            parts = plan_parts(heads, segments, rates, mode)
+            for causal in (False, True):
+                assert nnz(parts, heads, n, causal) == int(multiplicity(parts, heads, n, causal).sum())
+
+
+# --- bad input: a clear error before any compute --------------------------------
+
+GOOD = dict(segment_lengths=(4, 8), dilation_rates=(1, 2))
+
+
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        (dict(segment_lengths=(4, 8, 16)), ValueError, "same length"),
+        (dict(segment_lengths=(0, 8)), ValueError, "≥ 1"),
+        (dict(dilation_rates=(1, -2)), ValueError, "≥ 1"),
+        (dict(segment_lengths=()), ValueError, "empty"),
+        (dict(segment_lengths=4), TypeError, "sequence of ints"),
+        (dict(dilation_rates=(1.5, 2)), TypeError, "ints"),
+        (dict(mode="dense"), ValueError, "mode"),
+        (dict(impl="cuda"), ValueError, "impl"),
+        (dict(scale=-1.0), ValueError, "scale"),
+        (dict(causal="yes"), TypeError, "causal"),
+    ],
+)
+def test_bad_config_raises_naming_the_argument(change, error, words):
+    q, k, v = random_qkv(1, 2, 8, 4)
+    with pytest.raises(error, match=words):
+        dilated_attention(q, k, v, **{**GOOD, **change})
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda q: (q[0], q, q), ValueError, "4-D"),
+        (lambda q: (q, q[:, :, :4], q), ValueError, "k has shape"),
+        (lambda q: (q, q, q.float()), TypeError, "v has dtype"),
+        (lambda q: (q, q.to(torch.int64), q), TypeError, "dtype"),
+        (lambda q: (q, q.to("meta"), q), ValueError, "k is on"),
+        (lambda q: (q.numpy(), q, q), TypeError, "torch.Tensor"),
+    ],
+)
+def test_bad_tensors_raise_naming_the_argument(make, error, words):
+    q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    with pytest.raises(error, match=words):
+        dilated_attention(*make(q), **GOOD)
+
+
+def test_config_validates_in_post_init():
+    with pytest.raises(ValueError, match="same length"):
+        DilatedAttentionConfig((4, 8), (1,))
+    with pytest.raises(ValueError, match="impl"):
+        DilatedAttentionConfig((4,), (1,), impl="fast")
