@@ -154,3 +154,58 @@ def test_config_validates_in_post_init():
         DilatedAttentionConfig((4, 8), (1,))
     with pytest.raises(ValueError, match="impl"):
         DilatedAttentionConfig((4,), (1,), impl="fast")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["longnet", "groups"])
+def test_key_padding_mask_removes_keys_exactly(causal, mode):
+    n, heads, segments, rates = 61, 5, (8, 16, 100), (1, 2, 4)
+    q, k, v = random_qkv(3, heads, n, 8, requires_grad=True)
+    padding = torch.zeros(3, n, dtype=torch.bool)
+    padding[0, 40:] = True  # right padding
+    padding[1, :9] = True  # left padding: early causal rows and whole segments lose every key
+    padding[2] = torch.rand(n) < 0.5
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, return_lse=True,
+              key_padding_mask=padding)
+    out, lse = dilated_attention(q, k, v, **kw)
+    ref, ref_lse = dilated_attention(q, k, v, impl="reference", **kw)
+    assert not out.isnan().any()
+    assert (~ref_lse.isfinite()).any(), "the case should leave some rows with no key"
+    assert torch.equal(lse.isfinite(), ref_lse.isfinite())
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    covered = ref_lse.isfinite()
+    torch.testing.assert_close(lse[covered], ref_lse[covered], rtol=1e-10, atol=1e-10)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse) * covered
+    def loss(o, l):
+        return (o * grad_out).sum() + (l.nan_to_num(0.0, 0.0, 0.0) * grad_lse).sum()
+    got = torch.autograd.grad(loss(out, lse), (q, k, v))
+    want = torch.autograd.grad(loss(ref, ref_lse), (q, k, v))
+    for g, w in zip(got, want):
+        assert not g.isnan().any()
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def test_padded_keys_do_not_influence_output():
+    q, k, v = random_qkv(1, 4, 40, 8)
+    padding = torch.zeros(1, 40, dtype=torch.bool)
+    padding[:, 30:] = True
+    kw = dict(segment_lengths=(8, 16), dilation_rates=(1, 2), key_padding_mask=padding)
+    a = dilated_attention(q, k, v, **kw)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 30:] = 100.0
+    v2[:, :, 30:] = -7.0
+    torch.testing.assert_close(dilated_attention(q, k2, v2, **kw), a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mask, error, words",
+    [
+        (torch.zeros(1, 8), TypeError, "bool"),
+        (torch.zeros(1, 7, dtype=torch.bool), ValueError, r"\(B, N\)"),
+        ([[False] * 8], TypeError, "bool tensor"),
+    ],
+)
+def test_bad_key_padding_mask(mask, error, words):
+    q, k, v = random_qkv(1, 2, 8, 4)
+    with pytest.raises(error, match=words):
+        dilated_attention(q, k, v, key_padding_mask=mask, **GOOD)

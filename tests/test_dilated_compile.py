@@ -52,9 +52,16 @@ def test_module_compiles_fullgraph_and_return_lse():
 
 def test_custom_ops_pass_opcheck():
     q, k, v = random_qkv(1, 4, 50, 8, dtype=torch.float32, requires_grad=True)
-    args = (q, k, v, [16, 32], [1, 2], "longnet", True, 0.25)
+    args = (q, k, v, [16, 32], [1, 2], "longnet", True, 0.25, torch.rand(1, 50) < 0.2)
     torch.library.opcheck(torch.ops.dilcompile.dilated_fwd.default, args)
     out, lse = torch.ops.dilcompile.dilated_fwd(*args)
     bwd_args = (torch.randn_like(out), None, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
-                [16, 32], [1, 2], "longnet", True, 0.25)
+                [16, 32], [1, 2], "longnet", True, 0.25, args[-1])
     torch.library.opcheck(torch.ops.dilcompile.dilated_bwd.default, bwd_args)
+
+
+def test_key_padding_mask_compiles_fullgraph():
+    fn = lambda q, k, v, m: dilated_attention(q, k, v, key_padding_mask=m, causal=True, **KW)  # noqa: E731
+    q, k, v = random_qkv(2, 4, 150, 8, dtype=torch.float32)
+    mask = torch.rand(2, 150) < 0.3
+    torch.testing.assert_close(torch.compile(fn, fullgraph=True)(q, k, v, mask), fn(q, k, v, mask))

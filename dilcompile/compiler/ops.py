@@ -19,15 +19,15 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("dilcompile::dilated_fwd", mutates_args=())
 def dilated_fwd(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
-    mode: str, causal: bool, scale: float,
+    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention (before the groups-mode 1/m): out (B, H, N, D), lse (B, H, N)."""
     parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
-    return dilated_forward(q, k, v, parts, causal, scale)
+    return dilated_forward(q, k, v, parts, causal, scale, key_padding_mask)
 
 
 @dilated_fwd.register_fake
-def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale):
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
@@ -35,30 +35,32 @@ def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale):
 def dilated_bwd(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+    key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
-    return dilated_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale)
+    return dilated_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_padding_mask)
 
 
 @dilated_bwd.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale):
+def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale,
+      key_padding_mask=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, segment_lengths, dilation_rates, mode, causal, scale = inputs
+    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
     ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
     ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = dilated_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = dilated_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 dilated_fwd.register_autograd(_backward, setup_context=_setup_context)

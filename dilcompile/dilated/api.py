@@ -35,6 +35,19 @@ def _check_qkv(q, k, v) -> None:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
 
 
+def _check_key_padding_mask(mask, q: Tensor) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), True = padding; "
+                        f"got {type(mask).__name__}{'' if not isinstance(mask, Tensor) else ' of ' + str(mask.dtype)}")
+    if mask.shape != (q.shape[0], q.shape[2]):
+        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, N) = "
+                         f"{(q.shape[0], q.shape[2])}")
+    if mask.device != q.device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but q is on {q.device}; move it to q's device")
+
+
 def choose_impl(q: Tensor, impl: str) -> str:
     """The implementation ``impl`` resolves to for ``q``; raises if it cannot serve it."""
     if impl not in IMPLS:
@@ -56,6 +69,7 @@ def dilated_attention(
     mode: str = "longnet",
     scale: float | None = None,
     return_lse: bool = False,
+    key_padding_mask: Tensor | None = None,
     impl: str = "auto",
 ):
     """LongNet dilated attention.
@@ -71,6 +85,8 @@ def dilated_attention(
         scale: softmax scale, default 1/sqrt(D).
         return_lse: also return the row log-sum-exp (B, H, N), float32
             (float64 for float64 inputs); −inf where a row attends to nothing.
+        key_padding_mask: optional (B, N) bool, True = padding: those keys are
+            removed exactly; a row left with no key outputs 0 (lse −inf).
         impl: "sdpa" (fused attention kernels), "reference" (float64 oracle,
             O(N²) memory) or "auto" (= "sdpa").
 
@@ -86,15 +102,18 @@ def dilated_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    _check_key_padding_mask(key_padding_mask, q)
     chosen = choose_impl(q, impl)
 
     if chosen == "reference":
         parts = plan_parts(q.shape[1], segments, rates, mode)
-        out, lse = dilated_reference(q, k, v, parts, causal, float(scale))
+        out, lse = dilated_reference(q, k, v, parts, causal, float(scale), key_padding_mask)
         out = out.to(q.dtype)
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     else:
-        out, lse = torch.ops.dilcompile.dilated_fwd(q, k, v, list(segments), list(rates), mode, causal, float(scale))
+        out, lse = torch.ops.dilcompile.dilated_fwd(
+            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask
+        )
     if mode == "groups":
         out = out / len(segments)
     return (out, lse) if return_lse else out

@@ -10,7 +10,9 @@ computes ``P = exp(s - lse)`` and ``dS = P ∘ (dP - rowsum(dO ∘ out))``, whic
 are exactly the gradients of the merged softmax (the ring-attention trick).
 
 All tensors are (B, H, L, D) with matching L for q and k; lse is (B, H, L) in
-float32 (float64 for float64 inputs).
+float32 (float64 for float64 inputs). ``key_mask`` (bool, True = keep,
+broadcastable to (B, H, 1, L)) removes keys; a row left with no key has out 0
+and lse −inf on every backend.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ aten = torch.ops.aten
 _FLASH_HEAD_DIMS = range(8, 257, 8)
 
 
-def backend_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+def backend_for(device: torch.device, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
     """Name of the kernel that serves this input: 'cpu_flash', 'cuda_flash',
-    'cuda_efficient' or 'math'. Raises ValueError if none can."""
+    'cuda_efficient' or 'math'. Raises ValueError if none can. With a key
+    mask, CUDA uses the explicit 'math' kernel (flash takes no mask)."""
     if device.type == "cpu":
         return "cpu_flash"
     if device.type == "cuda":
+        if masked:
+            return "math"
         if dtype in (torch.float16, torch.bfloat16) and head_dim in _FLASH_HEAD_DIMS:
             return "cuda_flash"
         if dtype == torch.float32 and head_dim % 4 == 0:
@@ -44,31 +49,53 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def _additive(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask, float("-inf"))
+
+
+def _has_key(key_mask: Tensor, causal: bool, shape: torch.Size) -> Tensor:
+    """(B, H, L) bool: the row keeps at least one key."""
+    keep = key_mask.expand(*shape[:-2], 1, shape[-2]).squeeze(-2)
+    return keep.cummax(-1).values if causal else keep.any(-1, keepdim=True).expand_as(keep)
+
+
+def attention_forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, key_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """out (B, H, L, D) in q.dtype and lse (B, H, L)."""
-    backend = backend_for(q.device, q.dtype, q.shape[-1])
+    backend = backend_for(q.device, q.dtype, q.shape[-1], key_mask is not None)
     if backend == "cpu_flash":
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-        return out, lse
-    if backend == "cuda_flash":
+        bias = None if key_mask is None else _additive(key_mask, q.dtype)
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+    elif backend == "cuda_flash":
         res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-        return res[0], res[1]
-    if backend == "cuda_efficient":
+        out, lse = res[0], res[1]
+    elif backend == "cuda_efficient":
         out, lse, _, _ = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
-        return out, lse[..., : q.shape[-2]]  # lse is padded to a multiple of 32 rows
-    return _math_forward(q, k, v, causal, scale)
+        lse = lse[..., : q.shape[-2]]  # lse is padded to a multiple of 32 rows
+    else:
+        out, lse = _math_forward(q, k, v, causal, scale, key_mask)
+    if key_mask is not None:  # the kernels disagree on rows with no key (lse 0 or NaN): pin them
+        has_key = _has_key(key_mask, causal, q.shape)
+        out = torch.where(has_key[..., None], out, torch.zeros_like(out))
+        lse = torch.where(has_key, lse, torch.full_like(lse, float("-inf")))
+    return out, lse
 
 
 def attention_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float,
+    key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of softmax attention whose row normaliser is ``lse`` and
     whose output is ``out`` (see the module docstring)."""
-    backend = backend_for(q.device, q.dtype, q.shape[-1])
-    grad_out, out, lse = grad_out.contiguous(), out.contiguous(), lse.contiguous()
+    backend = backend_for(q.device, q.dtype, q.shape[-1], key_mask is not None)
+    grad_out, out = grad_out.contiguous(), out.contiguous()
+    # A row with no key has lse −inf and P = 0; any finite lse gives that P.
+    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse)).contiguous()
     if backend == "cpu_flash":
+        bias = None if key_mask is None else _additive(key_mask, q.dtype)
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, causal, scale=scale
+            grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
     if backend == "cuda_flash":
         length = q.shape[-2]
@@ -85,27 +112,29 @@ def attention_backward(
             causal, scale=scale,
         )
         return dq, dk, dv
-    return _math_backward(grad_out, q, k, v, out, lse, causal, scale)
+    return _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask)
 
 
-def _scores(q: Tensor, k: Tensor, causal: bool, scale: float) -> Tensor:
+def _scores(q: Tensor, k: Tensor, causal: bool, scale: float, key_mask: Tensor | None) -> Tensor:
     s = (q.to(_lse_dtype(q.dtype)) @ k.to(_lse_dtype(q.dtype)).transpose(-1, -2)) * scale
     if causal:
         length = q.shape[-2]
         future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
         s = s.masked_fill(future, float("-inf"))
+    if key_mask is not None:
+        s = s.masked_fill(~key_mask, float("-inf"))
     return s
 
 
-def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    s = _scores(q, k, causal, scale)
+def _math_forward(q, k, v, causal, scale, key_mask):
+    s = _scores(q, k, causal, scale, key_mask)
     lse = s.logsumexp(-1)
-    out = (s - lse[..., None]).exp() @ v.to(s.dtype)
-    return out.to(q.dtype), lse
+    p = (s - torch.where(lse.isfinite(), lse, torch.zeros_like(lse))[..., None]).exp()
+    return (p @ v.to(s.dtype)).to(q.dtype), lse
 
 
-def _math_backward(grad_out, q, k, v, out, lse, causal, scale):
-    s = _scores(q, k, causal, scale)
+def _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask):
+    s = _scores(q, k, causal, scale, key_mask)
     p = (s - lse[..., None]).exp()  # (B, H, L, L)
     do = grad_out.to(p.dtype)
     dv = p.transpose(-1, -2) @ do

@@ -37,9 +37,13 @@ def reference_attention(
 
 
 def dilated_reference(
-    q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float
+    q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
+    key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Merged (un-normalised-by-groups) dilated attention; float64 out and lse."""
+    """Merged (before the groups-mode 1/m) dilated attention; float64 out and lse.
+    ``key_padding_mask`` (B, N), True = padding, removes those keys."""
     _, num_heads, n, _ = q.shape
-    count = multiplicity(parts, num_heads, n, causal, device=q.device)
+    count = multiplicity(parts, num_heads, n, causal, device=q.device)  # (H, N, N)
+    if key_padding_mask is not None:
+        count = count * (~key_padding_mask)[:, None, None, :]  # (B, H, N, N)
     return reference_attention(q, k, v, count, scale)

@@ -43,10 +43,27 @@ def _batched(view: Tensor) -> Tensor:
     return view.flatten(1, 2).contiguous()
 
 
+def _key_masks(key_padding_mask: Tensor | None, q: Tensor, part: Part) -> Iterator[Tensor | None]:
+    """Per piece of ``part``: the kernel's key mask (B, heads·segments, 1, rows),
+    True = keep, from a (B, N) padding mask (True = padding); None if unmasked."""
+    if key_padding_mask is None:
+        while True:
+            yield None
+    keep = (~key_padding_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
+    for piece in _pieces(keep, part):
+        yield _batched(piece)[:, :, None, :]
+
+
+def _finite(lse: Tensor) -> Tensor:
+    return torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
+
+
 def dilated_forward(
-    q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float
+    q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
+    key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
+    ``key_padding_mask`` (B, N) bool, True = padding, removes those keys.
 
     Parts are merged online, touching only the rows a part covers: the running
     (out, lse) of those rows is rescaled to the joint normaliser and the part
@@ -56,15 +73,19 @@ def dilated_forward(
     out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, N, D)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, N)
     for part in parts:
+        masks = _key_masks(key_padding_mask, q, part)
         for qv, kv, vv, ov, lv in zip(*(_pieces(t, part) for t in (q, k, v, out, lse))):
-            part_out, part_lse = attention_forward(_batched(qv), _batched(kv), _batched(vv), causal, scale)
+            part_out, part_lse = attention_forward(
+                _batched(qv), _batched(kv), _batched(vv), causal, scale, next(masks)
+            )
             part_out, part_lse = part_out.view(ov.shape), part_lse.view(lv.shape)
             if part.layer == 0:  # layer 0 parts are disjoint and come first: nothing to merge yet
                 ov.copy_(part_out)
                 lv.copy_(part_lse)
                 continue
-            merged = torch.logaddexp(lv, part_lse)  # finite: the part covers every row it holds
-            ov.mul_((lv - merged).exp_()[..., None]).add_(part_out * (part_lse - merged).exp_()[..., None])
+            merged = torch.logaddexp(lv, part_lse)  # −inf only if padding left the row no key
+            ref = _finite(merged)
+            ov.mul_((lv - ref).exp_()[..., None]).add_(part_out * (part_lse - ref).exp_()[..., None])
             lv.copy_(merged)
     return out.to(q.dtype), lse
 
@@ -80,6 +101,7 @@ def dilated_backward(
     parts: tuple[Part, ...],
     causal: bool,
     scale: float,
+    key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -90,13 +112,15 @@ def dilated_backward(
     if grad_lse is not None:
         tensors += (grad_lse,)
     for part in parts:
+        masks = _key_masks(key_padding_mask, q, part)
         for views in zip(*(_pieces(t, part) for t in tensors)):
             do_, q_, k_, v_, o_, l_ = (_batched(t) for t in views[:6])
             dq_v, dk_v, dv_v = views[6:9]
-            dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale)
+            mask = next(masks)
+            dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
             if grad_lse is not None:
                 g = _batched(views[9])
-                extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale)
+                extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale, mask)
                 dq, dk = dq.to(acc) + extra_dq, dk.to(acc) + extra_dk
             dq_v += dq.view(dq_v.shape)
             dk_v += dk.view(dk_v.shape)
@@ -104,14 +128,14 @@ def dilated_backward(
     return tuple(g.to(q.dtype) for g in grads)
 
 
-def _lse_grad(g, q, k, v, out, lse, causal, scale):
+def _lse_grad(g, q, k, v, out, lse, causal, scale, mask):
     """Contribution of d(loss)/d(lse) = g: with P = exp(s − lse),
     dq = scale·g·(P @ k) and dk = scale·Pᵀ(g·q). ``P @ k`` is the part's own
     attention over values k, reweighted to the merged normaliser; ``Pᵀ(g·q)``
     is the dv that the kernel's backward computes for grad_out = g·q."""
-    attn_k, part_lse = attention_forward(q, k, k, causal, scale)
-    reweight = (part_lse - lse).exp()[..., None]
+    attn_k, part_lse = attention_forward(q, k, k, causal, scale, mask)
+    reweight = (part_lse - _finite(lse)).exp()[..., None]
     dq = scale * g[..., None] * reweight * attn_k.to(g.dtype)
     gq = (g[..., None] * q.to(g.dtype)).to(q.dtype)
-    _, _, pt_gq = attention_backward(gq, q, k, v, out, lse, causal, scale)
+    _, _, pt_gq = attention_backward(gq, q, k, v, out, lse, causal, scale, mask)
     return dq, scale * pt_gq.to(g.dtype)
