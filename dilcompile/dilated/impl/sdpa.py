@@ -2,9 +2,11 @@
 
 Every part (see ``geometry``) is gathered with strided views — the kept rows
 of all full segments form one ``(B, heads·segments, rows, D)`` batch, the short
-last segment another — so each part costs one or two fused-kernel calls and a
-copy of its q/k/v rows, never an N×N mask. The parts are merged by their
-log-sum-exp in one pass.
+last segment another — so each part costs one or two fused-kernel calls, never
+an N×N mask. On CPU the kernel reads the strided rows in place; CUDA kernels
+get contiguous copies. The parts are merged by their log-sum-exp: first the
+joint lse of every row (cheap, no D), then each part's output is added once
+with weight ``exp(lse_part − lse)``.
 
 Backward re-gathers the same rows and calls the kernel's backward with the
 *merged* output and lse, which yields the exact gradient of the joint softmax,
@@ -39,8 +41,11 @@ def _pieces(x: Tensor, part: Part) -> Iterator[Tensor]:
 
 
 def _batched(view: Tensor) -> Tensor:
-    """(B, heads, segments, rows, *rest) view → contiguous (B, heads·segments, rows, *rest)."""
-    return view.flatten(1, 2).contiguous()
+    """(B, heads, segments, rows, *rest) view → (B, heads·segments, rows, *rest):
+    a view where the strides allow it (N a multiple of the segment), else a copy;
+    contiguous on CUDA, whose kernels want dense rows."""
+    flat = view.flatten(1, 2)
+    return flat if flat.device.type == "cpu" and flat.stride(-1) == 1 else flat.contiguous()
 
 
 def _key_masks(key_padding_mask: Tensor | None, q: Tensor, part: Part) -> Iterator[Tensor | None]:
@@ -64,30 +69,37 @@ def dilated_forward(
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
     ``key_padding_mask`` (B, N) bool, True = padding, removes those keys.
-
-    Parts are merged online, touching only the rows a part covers: the running
-    (out, lse) of those rows is rescaled to the joint normaliser and the part
-    added. Uncovered rows keep out 0 and lse −inf.
-    """
+    Rows no part covers (or whose keys are all padding) get out 0, lse −inf."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, N, D)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, N)
+    num_layers = 1 + max(p.layer for p in parts)
+    lses = torch.full((num_layers, *q.shape[:-1]), float("-inf"), dtype=acc, device=q.device)  # (L, B, H, N)
+    results = []  # (part, piece index, out (B, heads, segments, rows, D), lse (B, heads, segments, rows))
     for part in parts:
         masks = _key_masks(key_padding_mask, q, part)
-        for qv, kv, vv, ov, lv in zip(*(_pieces(t, part) for t in (q, k, v, out, lse))):
-            part_out, part_lse = attention_forward(
-                _batched(qv), _batched(kv), _batched(vv), causal, scale, next(masks)
-            )
-            part_out, part_lse = part_out.view(ov.shape), part_lse.view(lv.shape)
-            if part.layer == 0:  # layer 0 parts are disjoint and come first: nothing to merge yet
-                ov.copy_(part_out)
-                lv.copy_(part_lse)
-                continue
-            merged = torch.logaddexp(lv, part_lse)  # −inf only if padding left the row no key
-            ref = _finite(merged)
-            ov.mul_((lv - ref).exp_()[..., None]).add_(part_out * (part_lse - ref).exp_()[..., None])
-            lv.copy_(merged)
+        for i, (qv, kv, vv, lv) in enumerate(zip(*(_pieces(t, part) for t in (q, k, v, lses[part.layer])))):
+            part_out, part_lse = attention_forward(_batched(qv), _batched(kv), _batched(vv), causal, scale, next(masks))
+            lv.copy_(part_lse.view(lv.shape))
+            results.append((part, i, part_out.view(qv.shape), lv))
+
+    if num_layers == 1:  # parts are disjoint: nothing to merge
+        out = torch.zeros_like(q)
+        for part, i, part_out, _ in results:
+            _piece(out, part, i).copy_(part_out)
+        return out, lses[0]
+    lse = torch.logsumexp(lses, dim=0)  # (B, H, N)
+    finite = _finite(lse)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    for part, i, part_out, part_lse in results:
+        weight = (part_lse - _piece(finite, part, i)).exp_()  # 0 where the part has no key
+        _piece(out, part, i).addcmul_(part_out, weight[..., None])
     return out.to(q.dtype), lse
+
+
+def _piece(x: Tensor, part: Part, index: int) -> Tensor:
+    for i, view in enumerate(_pieces(x, part)):
+        if i == index:
+            return view
+    raise IndexError(index)
 
 
 def dilated_backward(
