@@ -1,7 +1,13 @@
 """dilcompile: exact, compile-clean long-context attention for PyTorch."""
 
 from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
+from .factory import create_dilated_attention, create_multihead_dilated_attention
+from .multihead import MultiheadAttentionBase, MultiheadDilatedAttention
 
 __version__ = "0.1.0"
 
-__all__ = ["DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__"]
+__all__ = [
+    "DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__",
+    "MultiheadAttentionBase", "MultiheadDilatedAttention",
+    "create_dilated_attention", "create_multihead_dilated_attention",
+]

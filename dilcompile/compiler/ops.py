@@ -28,7 +28,9 @@ def dilated_fwd(
 
 @dilated_fwd.register_fake
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    # The real op returns contiguous tensors whatever q's strides (e.g. a (B, N, H, D) view
+    # transposed to (B, H, N, D)); empty_like would copy q's strides and mislead Inductor.
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
 @torch.library.custom_op("dilcompile::dilated_bwd", mutates_args=())
@@ -44,7 +46,7 @@ def dilated_bwd(
 @dilated_bwd.register_fake
 def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale,
       key_padding_mask=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the real op
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,0 +1,128 @@
+"""The seed system's single-device dilated attention classes, (b, n, h, d)
+layout and constructor signatures, computing what they claimed, exactly.
+
+``DilatedAttention`` and ``ImprovedDilatedAttention`` both compute the seed's
+head-group dilated attention, which is ``dilcompile.dilated_attention(...,
+mode="groups")`` (the "improved" one attended across heads and skipped groups
+whose segment exceeded N; that is not reproduced). The multihead classes are
+:class:`dilcompile.MultiheadDilatedAttention` with ``mode="groups"`` and the
+seed's argument order ``(embed_dim, num_heads, dilation_rates, segment_lengths)``.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import dilated
+from ..multihead import MultiheadDilatedAttention as _ModernMultihead
+from ._deprecation import warn_once
+
+_NO_EFFECT = ("use_tf32", "device", "dtype")  # seed config fields that change nothing here
+
+
+def _take_no_effect(seed_name: str, kwargs: dict) -> None:
+    unknown = sorted(set(kwargs) - set(_NO_EFFECT))
+    if unknown:
+        raise TypeError(f"{seed_name} got unexpected keyword arguments {unknown}")
+
+
+class _GroupsAttention(nn.Module):
+    """(b, n, h, d) → (b, n, h, d) seed head-group dilated attention."""
+
+    def __init__(self, seed_name: str, segment_lengths, dilation_rates, dropout: float, softmax_scale):
+        super().__init__()
+        warn_once(seed_name, "dilcompile.DilatedAttention(segment_lengths, dilation_rates, mode='groups') "
+                  "on (B, H, N, D) inputs")
+        self.config = dilated.DilatedAttentionConfig(segment_lengths, dilation_rates, mode="groups",
+                                                     scale=softmax_scale)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
+
+    @property
+    def segment_lengths(self):
+        return list(self.config.segment_lengths)
+
+    @property
+    def dilation_rates(self):
+        return list(self.config.dilation_rates)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.config.segment_lengths)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """query, key, value: (b, n, h, d) → (b, n, h, d)."""
+        if attention_mask is not None:
+            raise ValueError("attention_mask is not supported (the seed ignored it); for padding use "
+                             "dilcompile.dilated_attention(..., key_padding_mask=(B, N) bool) or the multihead class")
+        c = self.config
+        out = dilated.dilated_attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), segment_lengths=c.segment_lengths,
+            dilation_rates=c.dilation_rates, causal=is_causal, mode="groups", scale=c.scale,
+        )  # (b, h, n, d)
+        out = F.dropout(out, self.dropout, self.training)  # the seed's dropout on the attention output
+        return out.transpose(1, 2).contiguous()  # seed callers .view() the result
+
+    def extra_repr(self) -> str:
+        return f"segment_lengths={self.segment_lengths}, dilation_rates={self.dilation_rates}, dropout={self.dropout}"
+
+
+class DilatedAttention(_GroupsAttention):
+    """Seed ``DilatedAttention``; ``op`` and the memory-pool flags have no effect."""
+
+    def __init__(self, segment_lengths, dilation_rates, softmax_scale: float | None = None,
+                 attention_dropout: float = 0.0, op=None, enable_memory_pool: bool = True,
+                 enable_profiling: bool = False, lightweight_pool: bool = True, **kwargs):
+        _take_no_effect("DilatedAttention", kwargs)
+        super().__init__("DilatedAttention", segment_lengths, dilation_rates, attention_dropout, softmax_scale)
+
+
+class ImprovedDilatedAttention(_GroupsAttention):
+    """Seed ``ImprovedDilatedAttention``: the same numbers as ``DilatedAttention``."""
+
+    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, use_tf32: bool = True, **kwargs):
+        _take_no_effect("ImprovedDilatedAttention", kwargs)
+        super().__init__("ImprovedDilatedAttention", segment_lengths, dilation_rates, dropout, None)
+
+
+class _SeedMultihead(_ModernMultihead):
+    """Seed multihead call shape: ``forward(query, key=None, value=None,
+    key_padding_mask=None, need_weights=False, attn_mask=None, is_causal=False,
+    average_attn_weights=True)`` returns ``out`` (B, N, E), or ``(out, None)``
+    with ``need_weights=True`` (the seed never returned weights)."""
+
+    def __init__(self, seed_name, embed_dim, num_heads, dilation_rates, segment_lengths, dropout, bias, layer_norm,
+                 layer_norm_eps, gamma_init, device, dtype):
+        warn_once(seed_name, "dilcompile.MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, "
+                  "dilation_rates, mode='groups') (segment_lengths comes first there)")
+        super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout, bias=bias,
+                         sub_ln=layer_norm, mode="groups", device=device, dtype=dtype, gamma_init=gamma_init,
+                         layer_norm_eps=layer_norm_eps)
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, need_weights: bool = False, attn_mask: Tensor | None = None,
+                is_causal: bool = False, average_attn_weights: bool = True):
+        if attn_mask is not None:
+            raise ValueError("attn_mask is not supported (the seed ignored it); use is_causal=True and/or "
+                             "key_padding_mask=(B, N) bool, True = padding")
+        out, _ = super().forward(query, key, value, is_causal=is_causal, key_padding_mask=key_padding_mask)
+        return (out, None) if need_weights else out
+
+
+class MultiheadDilatedAttention(_SeedMultihead):
+    def __init__(self, embed_dim: int, num_heads: int, dilation_rates, segment_lengths, dropout: float = 0.0,
+                 bias: bool = True, layer_norm: bool = True, layer_norm_eps: float = 1e-5, gamma_init: float = 1.0,
+                 device=None, dtype=None, op=None):
+        super().__init__("MultiheadDilatedAttention", embed_dim, num_heads, dilation_rates, segment_lengths, dropout,
+                         bias, layer_norm, layer_norm_eps, gamma_init, device, dtype)
+
+
+class ImprovedMultiheadDilatedAttention(_SeedMultihead):
+    def __init__(self, embed_dim: int, num_heads: int, dilation_rates, segment_lengths, dropout: float = 0.0,
+                 bias: bool = True, layer_norm: bool = True, layer_norm_eps: float = 1e-5, gamma_init: float = 1.0,
+                 device=None, dtype=None, use_tf32: bool = True):
+        super().__init__("ImprovedMultiheadDilatedAttention", embed_dim, num_heads, dilation_rates, segment_lengths,
+                         dropout, bias, layer_norm, layer_norm_eps, gamma_init, device, dtype)

@@ -1,0 +1,309 @@
+"""One factory over every attention variant, with one config vocabulary.
+
+    create_dilated_attention(kind, **config)            -> (B, H, N, D) module
+    create_multihead_dilated_attention(kind, **config)  -> (B, N, E) module, nn.MultiheadAttention call shape
+
+The config keys are the same for every kind (a kind rejects, by name, the keys
+it does not take): ``segment_lengths``, ``dilation_rates``, ``causal``,
+``scale``, ``impl``, ``pattern`` (block-sparse), ``mode`` (only to say what
+``"auto"`` must compute); multihead adds ``embed_dim``, ``num_heads``,
+``dropout``, ``bias``, ``sub_ln``, ``gamma_init``, ``device``, ``dtype``.
+Input *hints* — ``seq_len``, ``num_heads``, ``head_dim``, ``dtype``,
+``device``, ``training`` — describe the input; only ``kind="auto"`` reads them.
+
+Kinds live in a registry (:func:`register_variant`); adding one is one call.
+
+``kind="auto"`` never changes *what* is computed: it picks among the
+registered kinds that compute the requested attention (``pattern`` given →
+block-sparse; otherwise dilated with ``mode``, default "longnet") and can serve
+the input, and among their backends (``impl``):
+
+1. **Measured**: if the run store (``runs/dilcompile.duckdb``, view ``runs``)
+   has ``status='ok'`` rows for this device, dtype, seq_len, heads, head_dim
+   (and causal, pass and segment config where recorded) for a candidate, the
+   (kind, impl) with the lowest measured median latency wins.
+2. **Rule** otherwise (no file, no view, no matching rows, or no seq_len
+   hint): the usable candidate of highest ``priority`` (ring kinds rank
+   above single-device ones and are usable only with an active process
+   group), with ``impl="auto"``.
+
+``explain=True`` returns ``(module, Choice)``; ``Choice.reason`` says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .dilated import DilatedAttention
+from .dilated.config import IMPLS
+from .kernels import backend_for
+from .multihead import MultiheadDilatedAttention
+
+DEFAULT_STORE = Path("runs/dilcompile.duckdb")
+HINTS = ("seq_len", "num_heads", "head_dim", "dtype", "device", "training")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One registered kind.
+
+    ``attention(**config)`` and ``multihead(**config)`` build the modules
+    (keyword-only parameters = the config keys the kind takes). ``computes``
+    names the function computed — kinds with equal ``computes`` are
+    interchangeable for ``"auto"``. ``unusable(hints)`` returns why the kind
+    cannot serve an input (None if it can). ``impls()`` lists the backends
+    ``impl=`` accepts, for ``"auto"`` to choose among.
+    """
+
+    kind: str
+    computes: str  # "dilated:longnet" | "dilated:groups" | "block-sparse" | ...
+    attention: Callable[..., nn.Module]
+    multihead: Callable[..., nn.Module]
+    priority: int = 0  # the rule's preference among usable candidates
+    unusable: Callable[[dict], str | None] = field(default=lambda hints: None)
+    impls: Callable[[], tuple[str, ...]] = field(default=lambda: ("auto",))
+
+
+_REGISTRY: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant, *, replace: bool = False) -> None:
+    if variant.kind == "auto" or (variant.kind in _REGISTRY and not replace):
+        raise ValueError(f"kind {variant.kind!r} is reserved or already registered (replace=True to override)")
+    _REGISTRY[variant.kind] = variant
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def process_group_active() -> bool:
+    """True if torch.distributed is initialised with more than one rank (ring kinds need it)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+# -- the dilated kinds ----------------------------------------------------------------------------
+
+def _kernel_unusable(hints: dict) -> str | None:
+    if hints.get("head_dim") is None or hints.get("device") is None:
+        return None
+    try:
+        backend_for(torch.device(hints["device"]), _dtype(hints.get("dtype")) or torch.float32, hints["head_dim"])
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _dilated_kind(kind: str, mode: str) -> Variant:
+    def attention(*, segment_lengths, dilation_rates, causal=False, scale=None, impl="auto"):
+        return DilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, scale=scale, impl=impl)
+
+    def multihead(*, embed_dim, num_heads, segment_lengths, dilation_rates, dropout=0.0, bias=True, sub_ln=True,
+                  gamma_init=1.0, scale=None, impl="auto", device=None, dtype=None):
+        return MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout,
+                                         bias=bias, sub_ln=sub_ln, mode=mode, device=device, dtype=dtype,
+                                         gamma_init=gamma_init, scale=scale, impl=impl)
+
+    # impl="reference" is the float64 oracle, never a speed choice.
+    return Variant(kind, f"dilated:{mode}", attention, multihead, unusable=_kernel_unusable,
+                   impls=lambda: tuple(i for i in IMPLS if i != "reference"))
+
+
+register_variant(_dilated_kind("dilated", "longnet"))
+register_variant(_dilated_kind("dilated-groups", "groups"))
+
+
+# -- choosing ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    kind: str
+    impl: str
+    source: str  # "store" | "rule" | "explicit"
+    reason: str
+    measured: tuple[tuple[str, str, float, int], ...] = ()  # (variant, impl, best median ms, rows)
+
+    def __str__(self) -> str:
+        return f"{self.kind} (impl={self.impl}, {self.source}): {self.reason}"
+
+
+def _dtype(value) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    dtype = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {value!r} is not a torch dtype name such as 'float16'")
+    return dtype
+
+
+def device_name(device) -> str:
+    """The ``device`` string the run store records: the CUDA device name or the CPU model."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _measured(store: Path, hints: dict, config: dict, candidates: list[str]):
+    """Fastest measured (variant, impl, ms, rows) per candidate, or (None, why not)."""
+    if not store.exists():
+        return None, f"no run store at {store}"
+    try:
+        import duckdb
+    except ImportError:
+        return None, "duckdb is not installed (pip install duckdb)"
+    try:
+        con = duckdb.connect(str(store), read_only=True)
+    except duckdb.Error as err:
+        return None, f"run store {store} cannot be opened read-only ({type(err).__name__}: {err})"
+    try:
+        try:
+            columns = {row[0] for row in con.execute("DESCRIBE runs").fetchall()}
+        except duckdb.Error:
+            return None, f"run store {store} has no 'runs' view"
+        need = {"variant", "impl", "device", "dtype", "seq_len", "heads", "head_dim", "latency_ms", "status"}
+        if not need <= columns:
+            return None, f"'runs' in {store} lacks columns {sorted(need - columns)}"
+        dtype = str(_dtype(hints.get("dtype")) or torch.float32).removeprefix("torch.")
+        where = ["status = 'ok'", "latency_ms IS NOT NULL", "device = ?", "dtype IN (?, ?)", "seq_len = ?",
+                 "heads = ?", "head_dim = ?"]
+        args = [device_name(hints.get("device") or "cpu"), dtype, f"torch.{dtype}", hints["seq_len"],
+                hints["num_heads"], hints["head_dim"]]
+        if "causal" in columns and "causal" in config:
+            where.append("causal = ?")
+            args.append(bool(config["causal"]))
+        if "pass" in columns:
+            where.append('"pass" = ?')
+            args.append("fwd_bwd" if hints.get("training") else "fwd")
+        where.append("(" + " OR ".join("variant = ? OR variant LIKE ?" for _ in candidates) + ")")
+        for kind in candidates:
+            args += [kind, f"{kind}:%"]
+        cfg = ", config" if "config" in columns else ", NULL"
+        rows = con.execute(f"SELECT variant, impl, latency_ms{cfg} FROM runs WHERE {' AND '.join(where)}",
+                           args).fetchall()
+    finally:
+        con.close()
+    best: dict[tuple[str, str], list] = {}
+    for variant, impl, ms, cfg_text in rows:
+        if not _same_branches(cfg_text, config):
+            continue
+        entry = best.setdefault((variant.split(":", 1)[0], impl or "auto"), [float("inf"), 0])
+        entry[0], entry[1] = min(entry[0], float(ms)), entry[1] + 1
+    if not best:
+        return None, (f"no ok rows in {store} for device={args[0]!r}, dtype={dtype}, seq_len={hints['seq_len']}, "
+                      f"heads={hints['num_heads']}, head_dim={hints['head_dim']} among {candidates}")
+    return sorted((v, i, ms, n) for (v, i), (ms, n) in best.items()), None
+
+
+def _same_branches(cfg_text, config: dict) -> bool:
+    """Rows recorded with another segment/rate config measure another problem."""
+    if not cfg_text:
+        return True
+    try:
+        cfg = json.loads(cfg_text)
+    except (TypeError, ValueError):
+        return True
+    for key, ours in (("segments", "segment_lengths"), ("rates", "dilation_rates")):
+        if key in cfg and ours in config and list(cfg[key]) != list(config[ours]):
+            return False
+    return True
+
+
+def choose(config: dict, hints: dict, store: Path | str | None = None) -> Choice:
+    """The (kind, impl) ``"auto"`` picks for ``config`` and the input described by ``hints``."""
+    wanted = "block-sparse" if "pattern" in config else f"dilated:{config.get('mode', 'longnet')}"
+    family = [v for v in _REGISTRY.values() if v.computes == wanted]
+    if not family:
+        raise ValueError(f"no registered kind computes {wanted!r}; registered: {kinds()}")
+    usable, refused = [], []
+    for v in family:
+        why = v.unusable(hints)
+        (refused.append(f"{v.kind}: {why}") if why else usable.append(v))
+    if not usable:
+        raise ValueError(f"no kind computing {wanted!r} can serve this input: {'; '.join(refused)}")
+    note = f" (not usable: {'; '.join(refused)})" if refused else ""
+    store = Path(store) if store is not None else DEFAULT_STORE
+    if hints.get("seq_len") is None or hints.get("num_heads") is None or hints.get("head_dim") is None:
+        measured, why = None, "no seq_len/num_heads/head_dim hints to match measured runs"
+    else:
+        measured, why = _measured(store, hints, config, [v.kind for v in usable])
+    if measured:
+        fixed = config.get("impl", "auto")  # an impl the caller named is kept
+        allowed = [m for m in measured if m[1] in _REGISTRY[m[0]].impls() and fixed in ("auto", m[1])]
+        if allowed:
+            kind, impl, ms, n = min(allowed, key=lambda m: m[2])
+            return Choice(kind, impl, "store", f"fastest measured for {wanted}: {ms:.3f} ms median over {n} "
+                          f"run(s) in {store}{note}", tuple(measured))
+        why = f"measured impls {[m[1] for m in measured]} are not selectable"
+    best = max(usable, key=lambda v: v.priority)
+    return Choice(best.kind, "auto", "rule", f"{why}; rule: highest-priority usable kind computing {wanted}{note}")
+
+
+# -- the factories ---------------------------------------------------------------------------------
+
+def _build(builder_of: str, kind: str, config: dict, hints: dict, explain: bool, store):
+    if kind == "auto":
+        choice = choose(config, hints, store)
+        if choice.impl != "auto":
+            config = {**config, "impl": choice.impl}
+        kind = choice.kind
+    elif kind in _REGISTRY:
+        choice = Choice(kind, config.get("impl", "auto"), "explicit", "kind given by the caller")
+    else:
+        raise ValueError(f"kind must be 'auto' or one of {kinds()}, got {kind!r}")
+    config = {k: v for k, v in config.items() if k != "mode"}  # the kind fixes the mode
+    builder = getattr(_REGISTRY[kind], builder_of)
+    params = inspect.signature(builder).parameters
+    unknown = sorted(set(config) - set(params))
+    if unknown:
+        raise TypeError(f"kind {kind!r} takes no {unknown}; its config keys are {sorted(params)} "
+                        f"(input hints: {list(HINTS)})")
+    module = builder(**config)
+    return (module, choice) if explain else module
+
+
+def _check_mode(kind: str, config: dict) -> None:
+    mode = config.get("mode")
+    v = _REGISTRY.get(kind)
+    if mode is not None and v is not None and v.computes.startswith("dilated:") and v.computes != f"dilated:{mode}":
+        raise ValueError(f"mode={mode!r} contradicts kind {kind!r} (which computes {v.computes}); "
+                         "drop mode or pick the matching kind")
+
+
+def create_dilated_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
+    """A (B, H, N, D) attention module of ``kind`` ("auto" or one of :func:`kinds`).
+    Hints (seq_len, num_heads, head_dim, dtype, device, training) only steer "auto".
+    With ``explain=True`` returns ``(module, Choice)``."""
+    hints = {k: config.pop(k) for k in HINTS if k in config}
+    _check_mode(kind, config)
+    return _build("attention", kind, config, hints, explain, store)
+
+
+def create_multihead_dilated_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
+    """A (B, N, E) multihead module of ``kind``; ``embed_dim`` and ``num_heads``
+    are required. Hints (seq_len, training) only steer "auto"."""
+    for key in ("embed_dim", "num_heads"):
+        if key not in config:
+            raise TypeError(f"create_multihead_dilated_attention needs {key}=")
+    hints = {k: config.pop(k) for k in ("seq_len", "training") if k in config}
+    hints.update(num_heads=config["num_heads"], head_dim=config["embed_dim"] // config["num_heads"],
+                 dtype=config.get("dtype"), device=config.get("device") or "cpu")
+    _check_mode(kind, config)
+    return _build("multihead", kind, config, hints, explain, store)

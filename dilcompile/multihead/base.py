@@ -1,0 +1,182 @@
+"""``MultiheadAttentionBase``: everything a multihead attention module owns
+except the attention itself.
+
+A subclass implements one method, ``attend(q, k, v, *, is_causal,
+key_padding_mask)`` on (B, H, N, D) tensors; the base owns the projections,
+the MAGNETO sub-LayerNorm, dropout, the ``nn.MultiheadAttention`` call shape
+and the (B, N, E) ↔ (B, H, N, D) reshapes.
+
+State-dict keys (stable; every subclass has exactly these):
+
+=====================  ===========  =============================================
+key                    shape        meaning
+=====================  ===========  =============================================
+``qkv_proj.weight``    (3E, E)      rows [0, E) query, [E, 2E) key, [2E, 3E) value
+``qkv_proj.bias``      (3E,)        only with ``bias=True``; same row blocks
+``sub_ln.weight``      (E,)         only with ``sub_ln=True``
+``sub_ln.bias``        (E,)         only with ``sub_ln=True``
+``out_proj.weight``    (E, E)
+``out_proj.bias``      (E,)         only with ``bias=True``
+=====================  ===========  =============================================
+
+Self-attention (``key`` and ``value`` are ``query`` or None) runs one fused
+(E → 3E) matmul; cross-attention applies the three row blocks of the same
+weight to query, key and value separately, so both paths share parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MultiheadAttentionBase(nn.Module):
+    """Batch-first multihead attention shell, ``nn.MultiheadAttention`` call shape.
+
+    Args:
+        embed_dim: E, model width; must be divisible by ``num_heads``.
+        num_heads: H; head_dim D = E // H.
+        dropout: probability applied to the attention output (B, N, E) before
+            the output projection, in training only. The fused attention
+            kernels take no dropout on attention probabilities.
+        bias: biases on the projections.
+        sub_ln: LongNet/MAGNETO sub-LayerNorm on the attention output before
+            the output projection.
+        gamma_init: MAGNETO γ. Query and key projections get xavier-normal
+            init with gain 1; value and output projections gain γ. MAGNETO
+            uses γ = sqrt(log 2L) for an L-layer decoder (the model sets it);
+            1.0 is plain xavier. Biases start at 0.
+        layer_norm_eps: eps of the sub-LayerNorm.
+        device, dtype: of the parameters.
+    """
+
+    #: True where the attention needs key length == query length.
+    requires_equal_lengths = False
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        sub_ln: bool = True,
+        gamma_init: float = 1.0,
+        layer_norm_eps: float = 1e-5,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
+                             f"e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}")
+        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        if not (isinstance(gamma_init, (int, float)) and math.isfinite(gamma_init) and gamma_init > 0):
+            raise ValueError(f"gamma_init must be a positive finite float, got {gamma_init!r}")
+        for name, value in (("bias", bias), ("sub_ln", sub_ln)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        self.gamma_init = float(gamma_init)
+        self.qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
+        self.sub_ln = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory) if sub_ln else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        e = self.embed_dim
+        with torch.no_grad():
+            w = self.qkv_proj.weight  # (3E, E): each row block initialised as its own (E, E) matrix
+            nn.init.xavier_normal_(w[:e])
+            nn.init.xavier_normal_(w[e : 2 * e])
+            nn.init.xavier_normal_(w[2 * e :], gain=self.gamma_init)
+            nn.init.xavier_normal_(self.out_proj.weight, gain=self.gamma_init)
+            for linear in (self.qkv_proj, self.out_proj):
+                if linear.bias is not None:
+                    linear.bias.zero_()
+        if self.sub_ln is not None:
+            self.sub_ln.reset_parameters()
+
+    # -- the one method a subclass implements -------------------------------------------------
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        """q: (B, H, Nq, D); k, v: (B, H, Nk, D); key_padding_mask: (B, Nk) bool,
+        True = padding, or None. Returns (B, H, Nq, D)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement attend(q, k, v, *, is_causal, key_padding_mask)")
+
+    # -- shared machinery ------------------------------------------------------------------------
+    def _check(self, query, key, value, key_padding_mask, need_weights, is_causal) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, E), got {type(t).__name__}")
+            if t.dim() != 3 or t.shape[-1] != self.embed_dim:
+                raise ValueError(f"{name} must have shape (B, N, embed_dim={self.embed_dim}) (batch first), "
+                                 f"got {tuple(t.shape)}")
+        if key.shape != value.shape:
+            raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
+        if key.shape[0] != query.shape[0]:
+            raise ValueError(f"query has batch {query.shape[0]} but key has {key.shape[0]}; pass equal batches")
+        if self.requires_equal_lengths and key.shape[1] != query.shape[1]:
+            raise ValueError(f"{type(self).__name__} needs key length == query length, got {key.shape[1]} "
+                             f"and {query.shape[1]}; pad the shorter one and mark it in key_padding_mask")
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+        if need_weights:
+            raise ValueError("need_weights=True is not supported: the N×N attention weights are never "
+                             "materialised; pass need_weights=False")
+        if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+                raise TypeError("key_padding_mask must be a bool tensor (B, N), True = padding "
+                                "(for a float mask use mask != 0)")
+            if key_padding_mask.shape != key.shape[:2]:
+                raise ValueError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, "
+                                 f"expected (B, N) = {tuple(key.shape[:2])}")
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, N, E) inputs → q, k, v (B, N, E). One fused matmul for self-attention."""
+        if key is query and value is query:
+            return self.qkv_proj(query).chunk(3, dim=-1)
+        w = self.qkv_proj.weight.chunk(3, dim=0)
+        b = self.qkv_proj.bias.chunk(3, dim=0) if self.qkv_proj.bias is not None else (None, None, None)
+        return F.linear(query, w[0], b[0]), F.linear(key, w[1], b[1]), F.linear(value, w[2], b[2])
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B, N, E) → (B, H, N, D)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, None]:
+        """query (B, Nq, E); key, value (B, Nk, E), default ``query`` (value
+        defaults to key); key_padding_mask (B, Nk) bool, True = padding.
+        Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``."""
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check(query, key, value, key_padding_mask, need_weights, is_causal)
+        q, k, v = (self._split_heads(t) for t in self.project(query, key, value))  # (B, H, N, D)
+        out = self.attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask)  # (B, H, Nq, D)
+        out = out.transpose(1, 2).flatten(2)  # (B, Nq, E)
+        if self.sub_ln is not None:
+            out = self.sub_ln(out)
+        out = F.dropout(out, self.dropout, self.training)
+        return self.out_proj(out), None
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
+                f"sub_ln={self.sub_ln is not None}, gamma_init={self.gamma_init}")

@@ -1,0 +1,161 @@
+"""dilcompile.compat: the seed system's names and signatures, (b, n, h, d)
+layout, numbers equal to the head-group reference, one warning per name,
+pending names refusing clearly."""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from dilcompile import MultiheadDilatedAttention, compat, dilated_attention
+from dilcompile.compat import _deprecation
+
+# The seed's constructor parameters, in order (read from its public source).
+SIGNATURES = {
+    "DilatedAttention": ["segment_lengths", "dilation_rates", "softmax_scale", "attention_dropout", "op",
+                         "enable_memory_pool", "enable_profiling", "lightweight_pool", "kwargs"],
+    "ImprovedDilatedAttention": ["segment_lengths", "dilation_rates", "dropout", "use_tf32", "kwargs"],
+    "MultiheadDilatedAttention": ["embed_dim", "num_heads", "dilation_rates", "segment_lengths", "dropout", "bias",
+                                  "layer_norm", "layer_norm_eps", "gamma_init", "device", "dtype", "op"],
+    "ImprovedMultiheadDilatedAttention": ["embed_dim", "num_heads", "dilation_rates", "segment_lengths", "dropout",
+                                          "bias", "layer_norm", "layer_norm_eps", "gamma_init", "device", "dtype",
+                                          "use_tf32"],
+    "RingDilatedAttention": ["segment_lengths", "dilation_rates", "dropout", "use_tf32", "block_size", "ring_size",
+                             "use_checkpointing", "device", "dtype"],
+    "RingDilatedAttentionV2": ["segment_lengths", "dilation_rates", "dropout", "ring_size", "device", "dtype",
+                               "enable_memory_pool", "enable_profiling", "lightweight_pool"],
+    "RingMultiheadDilatedAttention": ["embed_dim", "num_heads", "segment_lengths", "dilation_rates", "dropout",
+                                      "bias", "layer_norm", "layer_norm_eps", "gamma_init", "block_size",
+                                      "ring_size", "use_checkpointing", "use_tf32", "use_flash_attention",
+                                      "compile_model", "device", "dtype"],
+    "DistributedImprovedDilatedAttention": ["segment_lengths", "dilation_rates", "dropout", "use_tf32",
+                                            "sequence_parallel", "model_parallel", "use_flash_attention", "dtype",
+                                            "device"],
+    "BlockSparseRingDilatedAttention": ["segment_lengths", "dilation_rates", "sparse_config", "kwargs"],
+    "BlockSparseRingMultiheadDilatedAttention": ["embed_dim", "num_heads", "segment_lengths", "dilation_rates",
+                                                 "dropout", "bias", "sparse_config", "batch_first", "kwargs"],
+    "BlockSparseHierarchical": ["segment_lengths", "dilation_rates", "hierarchical_config", "sparse_config",
+                                "kwargs"],
+    "BlockSparseAdaptive": ["segment_lengths", "dilation_rates", "num_heads", "head_dim", "adaptive_config",
+                            "kwargs"],
+    "create_dilated_attention": ["attention_type", "segment_lengths", "dilation_rates", "kwargs"],
+    "create_multihead_dilated_attention": ["attention_type", "embed_dim", "num_heads", "segment_lengths",
+                                           "dilation_rates", "kwargs"],
+    "create_block_sparse_attention": ["sparsity_ratio", "pattern_type", "embed_dim", "num_heads", "kwargs"],
+    "create_adaptive_sparse_attention": ["embed_dim", "num_heads", "min_sparsity", "max_sparsity", "kwargs"],
+}
+SEG, RATES = [16, 40, 200], [1, 3, 4]
+BUILD = {  # name → constructor call with the seed's positional order
+    "DilatedAttention": lambda: compat.DilatedAttention(SEG, RATES),
+    "ImprovedDilatedAttention": lambda: compat.ImprovedDilatedAttention(SEG, RATES, dropout=0.0),
+    "MultiheadDilatedAttention": lambda: compat.MultiheadDilatedAttention(30, 5, RATES, SEG),
+    "ImprovedMultiheadDilatedAttention": lambda: compat.ImprovedMultiheadDilatedAttention(30, 5, RATES, SEG),
+}
+PENDING = {
+    "RingDilatedAttention": (lambda: compat.RingDilatedAttention(SEG, RATES), "dilcompile.distributed"),
+    "RingDilatedAttentionV2": (lambda: compat.RingDilatedAttentionV2(SEG, RATES), "ring_dilated_attention"),
+    "RingMultiheadDilatedAttention": (lambda: compat.RingMultiheadDilatedAttention(30, 5, SEG, RATES),
+                                      "RingMultiheadDilatedAttention"),
+    "DistributedImprovedDilatedAttention": (lambda: compat.DistributedImprovedDilatedAttention(SEG, RATES),
+                                            "dilcompile.distributed"),
+    "BlockSparseRingDilatedAttention": (lambda: compat.BlockSparseRingDilatedAttention(
+        SEG, RATES, compat.SparsePatternConfig()), "block_sparse_attention"),
+    "BlockSparseRingMultiheadDilatedAttention": (lambda: compat.BlockSparseRingMultiheadDilatedAttention(
+        30, 5, SEG, RATES), "MultiheadBlockSparseAttention"),
+    "BlockSparseHierarchical": (lambda: compat.BlockSparseHierarchical(SEG, RATES, compat.HierarchicalConfig()),
+                                "patterns.hierarchical"),
+    "BlockSparseAdaptive": (lambda: compat.BlockSparseAdaptive(SEG, RATES, 5, 6, compat.AdaptiveConfig()),
+                            "block_sparse_attention"),
+    "create_block_sparse_attention": (lambda: compat.create_block_sparse_attention(0.9, "local_window", 30, 5),
+                                      "MultiheadBlockSparseAttention"),
+    "create_adaptive_sparse_attention": (lambda: compat.create_adaptive_sparse_attention(30, 5),
+                                         "block_sparse_attention"),
+    "create_dilated_attention('ring')": (lambda: compat.create_dilated_attention("ring", SEG, RATES),
+                                         "dilcompile.distributed"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_and_fresh():
+    _deprecation._warned.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_seed_signatures(name):
+    assert list(inspect.signature(getattr(compat, name)).parameters) == SIGNATURES[name]
+
+
+@pytest.mark.parametrize("name", sorted(BUILD))
+def test_implemented_names_construct_and_warn_once_with_the_modern_name(name):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        BUILD[name]()
+        BUILD[name]()
+    future = [w for w in seen if issubclass(w.category, FutureWarning)]
+    assert len(future) == 1 and "dilcompile." in str(future[0].message) and name in str(future[0].message)
+    assert future[0].filename == __file__  # points at the caller's line
+
+
+@pytest.mark.parametrize("name", sorted(PENDING))
+def test_pending_names_raise_naming_the_modern_equivalent(name):
+    build, modern = PENDING[name]
+    with pytest.raises(NotImplementedError, match=modern.replace(".", r"\.")):
+        build()
+
+
+def _groups_reference(q, k, v, causal):  # (b, n, h, d) in, (b, n, h, d) out
+    out = dilated_attention(*(t.transpose(1, 2) for t in (q, k, v)), segment_lengths=SEG, dilation_rates=RATES,
+                            mode="groups", causal=causal, impl="reference")
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["DilatedAttention", "ImprovedDilatedAttention"])
+def test_single_device_numbers_equal_the_groups_reference(name, causal):
+    q, k, v = (torch.randn(2, 97, 5, 8, dtype=torch.float64) for _ in range(3))  # (b, n, h, d), N % w != 0
+    out = BUILD[name]()(q, k, v, is_causal=causal)
+    assert out.shape == q.shape and out.is_contiguous()
+    torch.testing.assert_close(out, _groups_reference(q, k, v, causal), rtol=1e-10, atol=1e-10)
+
+
+def test_multihead_maps_to_modern_groups_module_with_seed_argument_order():
+    seed = compat.ImprovedMultiheadDilatedAttention(30, 5, RATES, SEG, dtype=torch.float64)
+    modern = MultiheadDilatedAttention(30, 5, SEG, RATES, mode="groups", dtype=torch.float64)
+    modern.load_state_dict(seed.state_dict())
+    x = torch.randn(2, 97, 30, dtype=torch.float64)
+    mask = torch.rand(2, 97) < 0.2
+    out = seed(x, key_padding_mask=mask, is_causal=True)  # the seed returns a tensor, not a tuple
+    torch.testing.assert_close(out, modern(x, key_padding_mask=mask, is_causal=True)[0], rtol=0, atol=0)
+    out2, weights = seed(x, need_weights=True)
+    assert weights is None and out2.shape == x.shape
+    with pytest.raises(ValueError, match="attn_mask"):
+        seed(x, attn_mask=torch.zeros(97, 97))
+    with pytest.raises(ValueError, match="attention_mask"):
+        BUILD["DilatedAttention"]()(*(torch.randn(1, 8, 5, 4) for _ in range(3)), attention_mask=torch.ones(1))
+
+
+def test_factories_and_configs():
+    assert type(compat.create_dilated_attention()).__name__ == "ImprovedDilatedAttention"
+    std = compat.create_dilated_attention("standard", SEG, RATES, dropout=0.1)
+    assert type(std).__name__ == "DilatedAttention" and std.dropout == 0.1
+    mh = compat.create_multihead_dilated_attention(
+        "standard", multihead_config=compat.MultiheadConfig(30, 5, layer_norm=False),
+        attention_config=compat.DilatedAttentionConfig(SEG, RATES))
+    assert type(mh).__name__ == "MultiheadDilatedAttention" and mh.sub_ln is None
+    assert mh.config.segment_lengths == tuple(SEG) and mh.config.mode == "groups"
+    with pytest.raises(ValueError, match="Unknown attention type"):
+        compat.create_dilated_attention("nope")
+    with pytest.raises(TypeError, match="unexpected"):
+        compat.DilatedAttention(SEG, RATES, not_a_seed_arg=1)
+    cfg = compat.RingAttentionConfig([8, 16], [1, 2], block_size=64)
+    assert cfg.num_groups == 2 and cfg.to_modern().mode == "groups"
+    assert compat.HierarchicalConfig().num_levels == 3
+    for bad in (lambda: compat.DilatedAttentionConfig([8], [1, 2]), lambda: compat.MultiheadConfig(30, 4),
+                lambda: compat.SparseAttentionConfig([8], [1], pattern_type="x"),
+                lambda: compat.DistributedConfig(backend="tcp"), lambda: compat.SparsePatternConfig(block_size=0)):
+        with pytest.raises(ValueError):
+            bad()
