@@ -1,0 +1,83 @@
+"""``torch.ops.dilcompile.ring_dilated_fwd/bwd``: the sequence-parallel forward
+and backward as custom ops with fake and autograd rules, so autograd gives the
+exact gradients (the backward's collective is part of the op) and Dynamo sees
+one opaque node per call. The process group travels by name (a custom op
+cannot take a ``ProcessGroup``), as in ``torch.distributed._functional_collectives``."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..dilated.geometry import plan_parts
+from .plan import plan_exchange, split_sizes
+from .ring import ring_backward, ring_forward
+
+
+def _group(name: str):
+    return dist.distributed_c10d._resolve_process_group(name)
+
+
+def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths):
+    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    return plan_exchange(parts, tuple(shard_lengths), causal)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("dilcompile::ring_dilated_fwd", mutates_args=())
+def ring_dilated_fwd(
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
+    causal: bool, scale: float, shard_lengths: list[int], group_name: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Shard of merged dilated attention: out (B, H, L, D), lse (B, H, L) and
+    the flat K/V rows fetched from other ranks (kept for the backward)."""
+    group = _group(group_name)
+    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
+    return ring_forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
+
+
+@ring_dilated_fwd.register_fake
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengths, group_name):
+    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
+    _, recv = split_sizes(exchange, dist.get_rank(_group(group_name)), q.shape[0], q.shape[-1])
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(sum(recv))
+
+
+@torch.library.custom_op("dilcompile::ring_dilated_bwd", mutates_args=())
+def ring_dilated_bwd(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, recv: Tensor,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+    shard_lengths: list[int], group_name: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    group = _group(group_name)
+    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
+    return ring_backward(grad_out, q, k, v, out, lse, recv, exchange, dist.get_rank(group), causal, scale, group)
+
+
+@ring_dilated_bwd.register_fake
+def _(grad_out, q, k, v, out, lse, recv, *config):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *config = inputs
+    out, lse, recv = output
+    ctx.save_for_backward(q, k, v, out, lse, recv)
+    ctx.config = config
+    ctx.mark_non_differentiable(lse, recv)  # lse is not part of the public result
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse, grad_recv):
+    q, k, v, out, lse, recv = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = ring_dilated_bwd(grad_out.contiguous(), q, k, v, out, lse, recv, *ctx.config)
+    return dq, dk, dv, *([None] * len(ctx.config))
+
+
+ring_dilated_fwd.register_autograd(_backward, setup_context=_setup_context)
