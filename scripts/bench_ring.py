@@ -1,0 +1,153 @@
+"""Sequence-parallel dilated attention: latency and bytes communicated per step
+over an N sweep.
+
+    torchrun --nproc_per_node=4 scripts/bench_ring.py                # CPU, gloo
+    torchrun --nproc_per_node=8 scripts/bench_ring.py --device cuda  # one GPU per rank, nccl
+
+Two configurations per N (P ranks, shard L = N / P):
+
+* ``fixed``  — branches (w, r) fixed: (512, 1), (2048, 4), (8192, 16). A
+  branch whose segments fit in a shard is local (no bytes); a longer one moves
+  ~w/r rows per rank, independent of N.
+* ``scaled`` — LongNet's schedule up to the whole sequence: w_i = 512·4^i ≤ N
+  and w = N, r = w / 512, so every branch keeps w/r = 512 rows per segment. The
+  claim checked: per-rank bytes stay constant in N per branch (the branch
+  count grows like log N).
+
+``comm_bytes`` is the busiest rank's bytes received per training step (K/V
+rows in the forward, their float32 gradients in the backward), counted from
+the exchange plan the op executes; ``allgather_kv_bytes`` is what gathering
+the whole K/V (a dense ring) would move per rank in the forward, for scale.
+Rank 0 prints a table, then one JSON line with the rows (run-store column names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dilcompile.dilated.geometry import plan_parts
+from dilcompile.distributed import plan_exchange, ring_dilated_attention
+from dilcompile.distributed.plan import split_sizes
+
+
+def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    scaled = [w for w in (512 * 4**i for i in range(16)) if w < n] + [n]
+    return {
+        "fixed": ((512, 2048, 8192), (1, 4, 16)),
+        "scaled": (tuple(scaled), tuple(max(1, w // 512) for w in scaled)),
+    }
+
+
+def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype) -> tuple[int, int, int]:
+    """(fwd, bwd, total over ranks) bytes received per step, busiest rank for fwd + bwd."""
+    parts = plan_parts(heads, segments, rates, "longnet")
+    ex = plan_exchange(parts, (local_len,) * world, causal)
+    elem = torch.finfo(dtype).bits // 8
+    acc = 8 if dtype == torch.float64 else 4
+    per_rank = []
+    for rank in range(world):
+        send, recv = split_sizes(ex, rank, batch, head_dim)
+        per_rank.append((sum(recv) * elem, sum(send) * acc))  # forward K/V in, backward dK/dV in
+    busiest = max(per_rank, key=sum)
+    return busiest[0], busiest[1], sum(map(sum, per_rank))
+
+
+def timed(fn, iters: int, warmup: int, device) -> list[float]:
+    """Per-iteration wall time in ms, the slowest rank's (barrier before each)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    worst = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.tolist()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--local-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shard lengths L")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args()
+
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", torch.cuda.current_device())
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device = torch.device("cpu")
+        device_name = platform.processor() or platform.machine()
+    dtype = getattr(torch, args.dtype)
+    b, h, d = args.batch, args.heads, args.head_dim
+    rows = []
+    for local_len in args.local_lens:
+        n = local_len * world
+        for name, (segments, rates) in configs(n).items():
+            gen = torch.Generator(device=device).manual_seed(rank)
+            q, k, v = (torch.randn(b, h, local_len, d, generator=gen, device=device, dtype=dtype).requires_grad_()
+                       for _ in range(3))
+            kw = dict(segment_lengths=segments, dilation_rates=rates, causal=args.causal)
+
+            def fwd():
+                with torch.no_grad():
+                    ring_dilated_attention(q, k, v, **kw)
+
+            def fwd_bwd():
+                ring_dilated_attention(q, k, v, **kw).sum().backward()
+
+            fwd_b, bwd_b, total_b = comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype)
+            for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, fwd_b + bwd_b)):
+                t = timed(fn, args.iters, args.warmup, device)
+                q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
+                median = statistics.median(t)
+                rows.append({
+                    "variant": f"ring_dilated[{name}]", "impl": "all_to_all", "mode": "longnet", "compiled": False,
+                    "pass": pass_, "device": device_name, "device_kind": device.type, "dtype": args.dtype,
+                    "batch": b, "seq_len": n, "heads": h, "head_dim": d, "causal": args.causal,
+                    "config": json.dumps({"segment_lengths": list(segments), "dilation_rates": list(rates)}),
+                    "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80,
+                    "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
+                    "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
+                    "allgather_kv_bytes": 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8),
+                    "backend": backend, "status": "ok", "torch_version": torch.__version__,
+                    "hostname": socket.gethostname(),
+                })
+    if rank == 0:
+        head = f"{'variant':<22} {'pass':<8} {'P':>3} {'N':>8} {'L':>6} {'latency ms':>11} {'comm KiB':>10} {'all-gather KiB':>15}"
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            print(f"{r['variant']:<22} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>8} {r['local_seq_len']:>6} "
+                  f"{r['latency_ms']:>11.2f} {r['comm_bytes'] / 1024:>10.1f} {r['allgather_kv_bytes'] / 1024:>15.1f}")
+        print(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
