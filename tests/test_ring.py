@@ -80,6 +80,17 @@ def _worker(rank, world, port, result_dir):
         out = ring(*(t[:, :, s : s + lengths[rank]] for t in (q, k, v)))
         ref = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=True, impl="reference")
         report["module_err"] = (out - ref[:, :, s : s + lengths[rank]]).abs().max().item()
+        if world == 2:  # compiled: one graph node, the collectives run inside it
+            compiled = torch.compile(ring, fullgraph=True)
+            shard = [t[:, :, s : s + lengths[rank]].clone().requires_grad_() for t in (q, k, v)]
+            out = compiled(*shard)
+            grads = torch.autograd.grad(out.sum(), shard)
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref = dilated_attention(*full, segment_lengths=segments, dilation_rates=rates, causal=True,
+                                    impl="reference")
+            ref_grads = torch.autograd.grad(ref.sum(), full)
+            report["compiled_err"] = max((a - b[:, :, s : s + lengths[rank]]).abs().max().item()
+                                         for a, b in zip((out, *grads), (ref, *ref_grads)))
         dist.barrier()
         dist.destroy_process_group()
         report["initialized_after_teardown"] = dist.is_initialized()
@@ -107,6 +118,8 @@ def test_ring_matches_single_device_reference_with_gradients(world, tmp_path):
             for name in ("out", "dq", "dk", "dv"):
                 assert case[name] < 1e-10, (rank, case)
         assert report["module_err"] < 1e-10
+        if world == 2:
+            assert report["compiled_err"] < 1e-10
         assert report["initialized_after_teardown"] is False
 
 
@@ -162,4 +175,33 @@ def test_single_process_group_and_shard_length_check():
         with pytest.raises(ValueError, match="1 non-negative ints"):
             ring_dilated_attention(q, k, v, shard_lengths=(10, 10), **kw)
     finally:
+        dist.destroy_process_group()
+
+
+def test_compiles_fullgraph_one_graph_over_n_sweep_and_opcheck():
+    from torch._dynamo.utils import counters
+
+    from dilcompile.distributed.ops import ring_dilated_fwd
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        kw = dict(segment_lengths=(8, 32), dilation_rates=(1, 2), causal=True)
+        def fn(q, k, v):
+            return ring_dilated_attention(q, k, v, **kw)
+        compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+        for n in (40, 64, 100):
+            q, k, v = (torch.randn(1, 4, n, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+            got = torch.autograd.grad(compiled(q, k, v).square().sum(), (q, k, v))
+            want = torch.autograd.grad(dilated_attention(q, k, v, impl="reference", **kw).square().sum(), (q, k, v))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        args = (q, k, v, [8, 32], [1, 2], "longnet", True, 0.25, [40], dist.group.WORLD.group_name)
+        torch.library.opcheck(ring_dilated_fwd, args)
+    finally:
+        torch._dynamo.reset()
         dist.destroy_process_group()

@@ -42,9 +42,13 @@ def ring_dilated_fwd(
 
 @ring_dilated_fwd.register_fake
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengths, group_name):
-    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
-    _, recv = split_sizes(exchange, dist.get_rank(_group(group_name)), q.shape[0], q.shape[-1])
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(sum(recv))
+    sizes = (*q.shape, *shard_lengths)
+    if all(isinstance(x, int) for x in sizes):
+        exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
+        received = sum(split_sizes(exchange, dist.get_rank(_group(group_name)), q.shape[0], q.shape[-1])[1])
+    else:  # symbolic N: the fetched row count is geometry (floor/mod) of N, opaque to the tracer
+        received = torch.library.get_ctx().new_dynamic_size()
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(received)
 
 
 @torch.library.custom_op("dilcompile::ring_dilated_bwd", mutates_args=())
