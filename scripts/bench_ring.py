@@ -14,10 +14,11 @@ Two configurations per N (P ranks, shard L = N / P):
   claim checked: per-rank bytes stay constant in N per branch (the branch
   count grows like log N).
 
-``comm_bytes`` is the busiest rank's bytes received per training step (K/V
-rows in the forward, their float32 gradients in the backward), counted from
-the exchange plan the op executes; ``allgather_kv_bytes`` is what gathering
-the whole K/V (a dense ring) would move per rank in the forward, for scale.
+``comm_bytes`` is the busiest rank's bytes received per step (K/V rows in the
+forward, their float32 gradients in the backward), counted from the exchange
+plan the op executes (its buffers are sized from it); ``comm_bytes_fwd_by_branch``
+splits the forward by branch; ``allgather_kv_bytes`` is what gathering the
+whole K/V (a dense ring; and reduce-scattering dK/dV for fwd_bwd) would move.
 Rank 0 prints a table, then one JSON line with the rows (run-store column names).
 """
 
@@ -47,9 +48,12 @@ def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     }
 
 
-def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype) -> tuple[int, int, int]:
-    """(fwd, bwd, total over ranks) bytes received per step, busiest rank for fwd + bwd."""
+def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, layer=None):
+    """(fwd, bwd, total over ranks) bytes received per step, busiest rank for
+    fwd + bwd; only branch ``layer`` if given."""
     parts = plan_parts(heads, segments, rates, "longnet")
+    if layer is not None:
+        parts = tuple(p for p in parts if p.layer == layer)
     ex = plan_exchange(parts, (local_len,) * world, causal)
     elem = torch.finfo(dtype).bits // 8
     acc = 8 if dtype == torch.float64 else 4
@@ -122,6 +126,9 @@ def main() -> None:
                 ring_dilated_attention(q, k, v, **kw).sum().backward()
 
             fwd_b, bwd_b, total_b = comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype)
+            by_branch = [comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype, i)[0]
+                         for i in range(len(segments))]
+            gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
             for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, fwd_b + bwd_b)):
                 t = timed(fn, args.iters, args.warmup, device)
                 q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
@@ -134,17 +141,21 @@ def main() -> None:
                     "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80,
                     "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
                     "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
-                    "allgather_kv_bytes": 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8),
+                    "comm_bytes_fwd_by_branch": by_branch,
+                    "allgather_kv_bytes": gather if pass_ == "fwd" else 2 * gather,
                     "backend": backend, "status": "ok", "torch_version": torch.__version__,
                     "hostname": socket.gethostname(),
                 })
     if rank == 0:
-        head = f"{'variant':<22} {'pass':<8} {'P':>3} {'N':>8} {'L':>6} {'latency ms':>11} {'comm KiB':>10} {'all-gather KiB':>15}"
+        head = (f"{'variant':<22} {'pass':<8} {'P':>3} {'N':>8} {'L':>6} {'latency ms':>11} {'comm KiB':>10} "
+                f"{'all-gather KiB':>15}  fwd KiB by branch (w/r)")
         print(head)
         print("-" * len(head))
         for r in rows:
             print(f"{r['variant']:<22} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>8} {r['local_seq_len']:>6} "
-                  f"{r['latency_ms']:>11.2f} {r['comm_bytes'] / 1024:>10.1f} {r['allgather_kv_bytes'] / 1024:>15.1f}")
+                  f"{r['latency_ms']:>11.2f} {r['comm_bytes'] / 1024:>10.1f} {r['allgather_kv_bytes'] / 1024:>15.1f}  "
+                  + " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
+                      r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
         print(json.dumps(rows))
     dist.destroy_process_group()
 
