@@ -37,4 +37,5 @@ class RingDilatedAttention(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return f"segment_lengths={c.segment_lengths}, dilation_rates={c.dilation_rates}, mode={c.mode!r}, causal={c.causal}"
+        return (f"segment_lengths={c.segment_lengths}, dilation_rates={c.dilation_rates}, mode={c.mode!r}, "
+                f"causal={c.causal}")

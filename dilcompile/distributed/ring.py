@@ -35,7 +35,8 @@ def _view(x: Tensor, piece: Body | Edge, shard_start: int) -> Tensor:
     heads = x[:, part.h0 : part.h1]
     if isinstance(piece, Body):
         segments = (piece.hi - piece.lo) // piece.segment
-        return heads[:, :, piece.lo : piece.hi].unflatten(2, (segments, piece.segment))[:, :, :, part.offset :: part.rate]
+        grouped = heads[:, :, piece.lo : piece.hi].unflatten(2, (segments, piece.segment))
+        return grouped[:, :, :, part.offset :: part.rate]
     return heads[:, :, piece.queries.local(shard_start)]
 
 
@@ -44,25 +45,22 @@ def _dense(view: Tensor, piece: Body | Edge) -> Tensor:
     return (view.flatten(1, 2) if isinstance(piece, Body) else view).contiguous()
 
 
-def _blocks(piece, k_rows, v_rows, remote, causal):
-    """Key blocks of a piece: [(keys, values, causal, where)], ``where`` naming
-    the owner of the block's rows: ('local', n) or ('remote', request, n)."""
+def _blocks(piece, k_rows: Tensor, v_rows: Tensor, remote, causal: bool):
+    """Key blocks of a piece: [(keys, values, causal, owners)]; ``owners`` lists
+    (request index, or −1 for this shard's rows; row count) in key order, so the
+    backward can route each block's dK/dV."""
     if isinstance(piece, Body):
-        return [(k_rows, v_rows, causal, [("local", k_rows.shape[2])])]
-    before = remote[piece.before] if piece.before >= 0 else None
-    after = remote[piece.after] if piece.after >= 0 else None
-    if causal:  # keys before the queries: all visible; the queries' own rows: causal square
-        blocks = [(k_rows, v_rows, True, [("local", k_rows.shape[2])])]
-        if before is not None:
-            blocks.insert(0, (before[0], before[1], False, [("remote", piece.before, before[0].shape[2])]))
-        return blocks
-    chunks = [c for c in (before, (k_rows, v_rows), after) if c is not None]
-    where = ([("remote", piece.before, before[0].shape[2])] if before is not None else []) + [
-        ("local", k_rows.shape[2])
-    ] + ([("remote", piece.after, after[0].shape[2])] if after is not None else [])
-    keys = torch.cat([c[0] for c in chunks], dim=2)
-    values = torch.cat([c[1] for c in chunks], dim=2)
-    return [(keys, values, False, where)]
+        return [(k_rows, v_rows, causal, [(-1, k_rows.shape[2])])]
+    chunks = [(-1, k_rows, v_rows)]
+    if piece.before >= 0:
+        chunks.insert(0, (piece.before, *remote[piece.before]))
+    if piece.after >= 0:  # never when causal
+        chunks.append((piece.after, *remote[piece.after]))
+    if causal:  # earlier rows are all visible; the queries' own rows form the causal square
+        return [(keys, values, owner == -1, [(owner, keys.shape[2])]) for owner, keys, values in chunks]
+    keys = torch.cat([c[1] for c in chunks], dim=2)
+    values = torch.cat([c[2] for c in chunks], dim=2)
+    return [(keys, values, False, [(owner, kk.shape[2]) for owner, kk, _ in chunks])]
 
 
 def fetch(k: Tensor, v: Tensor, exchange: Exchange, rank: int, group) -> Tensor:
@@ -129,8 +127,7 @@ def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: i
     acc = _acc(q.dtype)
     remote = unpack(recv, exchange, rank, b, d)
     dq, dk, dv = (torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3))
-    remote_grads = [(torch.zeros(kr.shape, dtype=acc, device=q.device), torch.zeros(vr.shape, dtype=acc, device=q.device))
-                    for kr, vr in remote]
+    remote_grads = [tuple(torch.zeros(t.shape, dtype=acc, device=q.device) for t in pair) for pair in remote]
     for piece in exchange.plans[rank].pieces:
         do_, q_, k_, v_, o_ = (_dense(_view(t, piece, s), piece) for t in (grad_out, q, k, v, out))
         l_ = _dense(_view(lse, piece, s), piece)
@@ -139,15 +136,14 @@ def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: i
             dq_b, dk_b, dv_b = attention_backward(do_, q_, keys, values, o_, l_, block_causal, scale)
             dq_v += dq_b.view(dq_v.shape)
             at = 0
-            for owner in where:
-                n = owner[-1]
+            for owner, n in where:
                 gk, gv = dk_b[:, :, at : at + n], dv_b[:, :, at : at + n]
-                if owner[0] == "local":
+                if owner < 0:
                     dk_v += gk.view(dk_v.shape)
                     dv_v += gv.view(dv_v.shape)
                 else:
-                    remote_grads[owner[1]][0].add_(gk)
-                    remote_grads[owner[1]][1].add_(gv)
+                    remote_grads[owner][0].add_(gk)
+                    remote_grads[owner][1].add_(gv)
                 at += n
     _return_grads(remote_grads, dk, dv, exchange, rank, s, e, group)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
