@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from dilcompile import dilated_attention
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.distributed import RingDilatedAttention, plan_exchange, ring_dilated_attention
-from dilcompile.distributed.plan import split_sizes
+from dilcompile.distributed.plan import choose_transport, split_sizes
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain
 
 # (shard_lengths, heads, segments, rates, mode): every case runs causal and not.
@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed):
+def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport):
     """Max errors of this rank's output shard and gradient shards vs the float64 reference."""
     gen = torch.Generator().manual_seed(seed)
     n, b, d = sum(lengths), 2, 8
@@ -53,7 +53,7 @@ def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed):
     s = sum(lengths[:rank])
     rows = slice(s, s + lengths[rank])
     shard = [t[:, :, rows].clone().requires_grad_() for t in (q, k, v)]
-    out = ring_dilated_attention(*shard, shard_lengths=lengths, **kw)
+    out = ring_dilated_attention(*shard, shard_lengths=lengths, transport=transport, **kw)
     grads = torch.autograd.grad(out, shard, grad[:, :, rows])
     errors = {"out": (out - ref[:, :, rows]).abs().max().item() if out.numel() else 0.0}
     for name, g, w in zip(("dq", "dk", "dv"), grads, ref_grads):
@@ -62,7 +62,7 @@ def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed):
     return errors
 
 
-def _check_low_precision(rank, lengths, heads, segments, rates, causal, dtype):
+def _check_low_precision(rank, lengths, heads, segments, rates, causal, dtype, transport):
     """bfloat16 / float32 shards: the error budget of the single-device kernels
     (at most 2x a plain PyTorch implementation in the same dtype, vs float64)."""
     gen = torch.Generator().manual_seed(5)
@@ -77,7 +77,7 @@ def _check_low_precision(rank, lengths, heads, segments, rates, causal, dtype):
         ("ref", lambda a, b, c: dilated_attention(a, b, c, impl="reference", **kw), (q, k, v)),
         ("plain", lambda a, b, c: masked_attention_plain(a, b, c, count, 16**-0.5),
          (q.to(dtype), k.to(dtype), v.to(dtype))),
-        ("ring", lambda a, b, c: ring_dilated_attention(a, b, c, shard_lengths=lengths, **kw),
+        ("ring", lambda a, b, c: ring_dilated_attention(a, b, c, shard_lengths=lengths, transport=transport, **kw),
          tuple(t[:, :, rows].to(dtype) for t in (q, k, v))),
     ):
         # The loss is <grad, output> over the whole sequence: each rank feeds its rows' share.
@@ -105,19 +105,22 @@ def _worker(rank, world, port, result_dir):
                                 timeout=timedelta(seconds=60))
         for i, (lengths, heads, segments, rates, mode) in enumerate(CASES[world]):
             for causal in (False, True):
-                errors = _check_case(rank, lengths, heads, segments, rates, mode, causal, seed=100 * i + causal)
-                report["cases"].append({"case": i, "causal": causal, **errors})
+                for transport in ("all_to_all", "ring"):
+                    seed = 100 * i + causal
+                    errors = _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport)
+                    report["cases"].append({"case": i, "causal": causal, "transport": transport, **errors})
         report["low_precision"] = []
         for dtype in (torch.bfloat16, torch.float32):
             # Cases with a rate-1 branch: every row is covered, so the plain yardstick has no NaN gradients.
             case = CASES[2][1] if world == 2 else CASES[4][0]
-            report["low_precision"] += _check_low_precision(rank, *case[:4], world == 4, dtype)
+            transport = "all_to_all" if world == 2 else "ring"
+            report["low_precision"] += _check_low_precision(rank, *case[:4], world == 4, dtype, transport)
         # The module on the default group, equal shards (shard_lengths inferred).
         lengths, heads, segments, rates, mode = CASES[world][0]
         gen = torch.Generator().manual_seed(7)
         q, k, v = (torch.randn(1, heads, sum(lengths), 8, generator=gen, dtype=torch.float64) for _ in range(3))
         s = sum(lengths[:rank])
-        ring = RingDilatedAttention(segments, rates, causal=True)
+        ring = RingDilatedAttention(segments, rates, causal=True)  # transport "auto"
         out = ring(*(t[:, :, s : s + lengths[rank]] for t in (q, k, v)))
         ref = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=True, impl="reference")
         report["module_err"] = (out - ref[:, :, s : s + lengths[rank]]).abs().max().item()
@@ -153,7 +156,7 @@ def test_ring_matches_single_device_reference_with_gradients(world, tmp_path):
     for rank in range(world):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]
-        assert len(report["cases"]) == 2 * len(CASES[world])
+        assert len(report["cases"]) == 4 * len(CASES[world])
         for case in report["cases"]:
             assert not case["nan"], case
             for name in ("out", "dq", "dk", "dv"):
@@ -197,12 +200,23 @@ def test_received_volume_constant_in_n_for_fixed_segment_and_rate():
     assert received[0] > 0 and len(set(received)) == 1, received
 
 
+def test_auto_transport_streams_weakly_dilated_long_branches():
+    shards = (64,) * 8
+    long_dense = plan_exchange(_parts(4, (512,), (1,)), shards, False)  # 448 fetched rows per head > 64
+    long_sparse = plan_exchange(_parts(4, (512,), (16,)), shards, False)  # 28 fetched rows per head
+    assert choose_transport(long_dense, "auto", 1, 4, 16) == "ring"
+    assert choose_transport(long_sparse, "auto", 1, 4, 16) == "all_to_all"
+    assert choose_transport(long_sparse, "ring", 1, 4, 16) == "ring"
+
+
 def test_errors_before_compute():
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match="init_process_group"):
         ring_dilated_attention(q, q, q, segment_lengths=(4,), dilation_rates=(1,))
     with pytest.raises(ValueError, match="same length"):
         ring_dilated_attention(q, q, q, segment_lengths=(4, 8), dilation_rates=(1,))
+    with pytest.raises(ValueError, match="transport"):
+        ring_dilated_attention(q, q, q, segment_lengths=(4,), dilation_rates=(1,), transport="nccl")
 
 
 def test_single_process_group_and_shard_length_check():
@@ -242,8 +256,15 @@ def test_compiles_fullgraph_one_graph_over_n_sweep_and_opcheck():
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
         assert not counters["graph_break"], dict(counters["graph_break"])
         q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
-        args = (q, k, v, [8, 32], [1, 2], "longnet", True, 0.25, [40], dist.group.WORLD.group_name)
+        args = (q, k, v, [8, 32], [1, 2], "longnet", True, 0.25, [40], dist.group.WORLD.group_name, "auto")
         torch.library.opcheck(ring_dilated_fwd, args)
     finally:
         torch._dynamo.reset()
         dist.destroy_process_group()
+
+
+def test_module_refuses_reference_impl_and_unknown_transport():
+    with pytest.raises(ValueError, match="fused kernels"):
+        RingDilatedAttention((8,), (1,), impl="reference")
+    with pytest.raises(ValueError, match="transport"):
+        RingDilatedAttention((8,), (1,), transport="p2p")

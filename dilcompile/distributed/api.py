@@ -11,6 +11,7 @@ from torch import Tensor
 from ..dilated.api import _check_qkv
 from ..dilated.config import check_branches
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
+from .plan import TRANSPORTS
 
 
 def resolve_group(group):
@@ -52,6 +53,7 @@ def ring_dilated_attention(
     group=None,
     scale: float | None = None,
     shard_lengths=None,
+    transport: str = "auto",
 ) -> Tensor:
     """Sequence-parallel dilated attention on this rank's shard.
 
@@ -70,6 +72,12 @@ def ring_dilated_attention(
         shard_lengths: every rank's L_p in rank order. None (default): all
             shards have this rank's length, N = world · L. Pass it when N is
             not divisible by the world size.
+        transport: how fetched K/V rows move. "all_to_all": one collective per
+            direction, rows kept for the backward; "ring": P − 1 point-to-point
+            rounds overlapped with compute, at most two sources' rows held at a
+            time, re-streamed in the backward; "auto": "ring" when some rank
+            would fetch more K/V than its own shard holds (long, weakly dilated
+            branches), else "all_to_all". Results are identical.
 
     Returns:
         out (B, H, L_p, D) in q.dtype.
@@ -82,11 +90,14 @@ def ring_dilated_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     group = resolve_group(group)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     lengths = check_shard_lengths(shard_lengths, q.shape[2], world, rank)
     out, _, _ = ops.ring_dilated_fwd(
-        q, k, v, list(segments), list(rates), mode, causal, float(scale), list(lengths), group.group_name
+        q, k, v, list(segments), list(rates), mode, causal, float(scale), list(lengths), group.group_name,
+        transport,
     )
     if mode == "groups":
         out = out / len(segments)

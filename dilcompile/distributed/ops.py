@@ -11,17 +11,20 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..dilated.geometry import plan_parts
-from .plan import plan_exchange, split_sizes
+from .plan import choose_transport, plan_exchange, split_sizes
 from .ring import ring_backward, ring_forward
+from .stream import stream_backward, stream_forward
 
 
 def _group(name: str):
     return dist.distributed_c10d._resolve_process_group(name)
 
 
-def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths):
+def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport):
+    """The exchange plan and the resolved transport ("all_to_all" or "ring")."""
     parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
-    return plan_exchange(parts, tuple(shard_lengths), causal)
+    exchange = plan_exchange(parts, tuple(shard_lengths), causal)
+    return exchange, choose_transport(exchange, transport, q.shape[0], q.shape[1], q.shape[-1])
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -31,21 +34,24 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("dilcompile::ring_dilated_fwd", mutates_args=())
 def ring_dilated_fwd(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
-    causal: bool, scale: float, shard_lengths: list[int], group_name: str,
+    causal: bool, scale: float, shard_lengths: list[int], group_name: str, transport: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Shard of merged dilated attention: out (B, H, L, D), lse (B, H, L) and
-    the flat K/V rows fetched from other ranks (kept for the backward)."""
+    the flat K/V rows fetched from other ranks (kept for the backward; empty
+    for the streamed "ring" transport, which fetches again)."""
     group = _group(group_name)
-    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
-    return ring_forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
+    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
+    forward = stream_forward if chosen == "ring" else ring_forward
+    return forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
 
 
 @ring_dilated_fwd.register_fake
-def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengths, group_name):
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengths, group_name, transport):
     sizes = (*q.shape, *shard_lengths)
     if all(isinstance(x, int) for x in sizes):
-        exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
-        received = sum(split_sizes(exchange, dist.get_rank(_group(group_name)), q.shape[0], q.shape[-1])[1])
+        exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
+        rank = dist.get_rank(_group(group_name))
+        received = 0 if chosen == "ring" else sum(split_sizes(exchange, rank, q.shape[0], q.shape[-1])[1])
     else:  # symbolic N: the fetched row count is geometry (floor/mod) of N, opaque to the tracer
         received = torch.library.get_ctx().new_dynamic_size()
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(received)
@@ -55,11 +61,14 @@ def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengt
 def ring_dilated_bwd(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, recv: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
-    shard_lengths: list[int], group_name: str,
+    shard_lengths: list[int], group_name: str, transport: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     group = _group(group_name)
-    exchange = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths)
-    return ring_backward(grad_out, q, k, v, out, lse, recv, exchange, dist.get_rank(group), causal, scale, group)
+    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
+    rank = dist.get_rank(group)
+    if chosen == "ring":
+        return stream_backward(grad_out, q, k, v, out, lse, exchange, rank, causal, scale, group)
+    return ring_backward(grad_out, q, k, v, out, lse, recv, exchange, rank, causal, scale, group)
 
 
 @ring_dilated_bwd.register_fake

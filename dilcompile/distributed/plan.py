@@ -168,3 +168,19 @@ def split_sizes(exchange: Exchange, rank: int, batch: int, head_dim: int) -> tup
 
     world = len(exchange.plans)
     return [size(rank, d) for d in range(world)], [size(s, rank) for s in range(world)]
+
+
+TRANSPORTS = ("auto", "all_to_all", "ring")
+
+
+def choose_transport(exchange: Exchange, transport: str, batch: int, heads: int, head_dim: int) -> str:
+    """Resolve ``"auto"``: ``"ring"`` (streamed point-to-point rounds) when some
+    rank would fetch more K/V than its own shard holds — long, weakly dilated
+    branches (w/r rows per head ≳ L) — else ``"all_to_all"`` (one collective,
+    fewer and larger kernel calls). Every rank decides alike: the plan is global."""
+    if transport != "auto":
+        return transport
+    for rank, length in enumerate(exchange.shard_lengths):
+        if sum(split_sizes(exchange, rank, batch, head_dim)[1]) > 2 * batch * heads * length * head_dim:
+            return "ring"
+    return "all_to_all"

@@ -68,19 +68,37 @@ def fetch(k: Tensor, v: Tensor, exchange: Exchange, rank: int, group) -> Tensor:
     receive buffer (see :func:`unpack`)."""
     b, _, _, d = k.shape
     s, e = shard_bounds(exchange.shard_lengths)[rank]
-    chunks = []
-    for dst, plan in enumerate(exchange.plans):
-        for req in plan.requests:
-            span = req.rows(s, e)
-            if span.count:
-                rows = span.local(s)
-                chunks += [k[:, req.h0 : req.h1, rows].reshape(-1), v[:, req.h0 : req.h1, rows].reshape(-1)]
     send_sizes, recv_sizes = split_sizes(exchange, rank, b, d)
-    send = torch.cat(chunks) if chunks else k.new_empty(0)
+    send = torch.cat([rows_for(k, v, exchange, dst, s, e) for dst in range(len(exchange.plans))])
     recv = k.new_empty(sum(recv_sizes))
     if not exchange.empty:
         dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
     return recv
+
+
+def rows_for(k: Tensor, v: Tensor, exchange: Exchange, dst: int, s: int, e: int) -> Tensor:
+    """Flat K/V rows of the shard ``[s, e)`` that rank ``dst`` requested, in request order."""
+    chunks = [k.new_empty(0)]
+    for req in exchange.plans[dst].requests:
+        span = req.rows(s, e)
+        if span.count:
+            rows = span.local(s)
+            chunks += [k[:, req.h0 : req.h1, rows].reshape(-1), v[:, req.h0 : req.h1, rows].reshape(-1)]
+    return torch.cat(chunks)
+
+
+def add_rows(flat: Tensor, dk: Tensor, dv: Tensor, exchange: Exchange, dst: int, s: int, e: int) -> Tensor:
+    """Inverse of :func:`rows_for` for gradients: add ``flat``'s rows into
+    dk, dv (B, H, L, D) of the shard ``[s, e)``; returns what is left of ``flat``."""
+    b, _, _, d = dk.shape
+    for req in exchange.plans[dst].requests:
+        span = req.rows(s, e)
+        if span.count:
+            size, rows = b * (req.h1 - req.h0) * span.count * d, span.local(s)
+            for grad in (dk, dv):
+                grad[:, req.h0 : req.h1, rows] += flat[:size].view(b, req.h1 - req.h0, span.count, d)
+                flat = flat[size:]
+    return flat
 
 
 def unpack(recv: Tensor, exchange: Exchange, rank: int, batch: int, head_dim: int) -> list[tuple[Tensor, Tensor]]:
@@ -111,12 +129,16 @@ def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: fl
         q_ = _dense(_view(q, piece, s), piece)
         k_, v_ = (_dense(_view(t, piece, s), piece) for t in (k, v))
         for keys, values, block_causal, _ in _blocks(piece, k_, v_, remote, causal):
-            part_out, part_lse = attention_forward(q_, keys, values, block_causal, scale)
-            part_out, part_lse = part_out.view(ov.shape), part_lse.view(lv.shape)
-            merged = torch.logaddexp(lv, part_lse)  # finite: every block has a key for every query
-            ov.mul_((lv - merged).exp_()[..., None]).add_(part_out * (part_lse - merged).exp_()[..., None])
-            lv.copy_(merged)
+            merge(ov, lv, *attention_forward(q_, keys, values, block_causal, scale))
     return out.to(q.dtype), lse, recv
+
+
+def merge(ov: Tensor, lv: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
+    """Fold one key block's attention into the running (out, lse) views of its rows, in place."""
+    block_out, block_lse = block_out.view(ov.shape), block_lse.view(lv.shape)
+    merged = torch.logaddexp(lv, block_lse)  # finite: every block has a key for every query
+    ov.mul_((lv - merged).exp_()[..., None]).add_(block_out * (block_lse - merged).exp_()[..., None])
+    lv.copy_(merged)
 
 
 def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float, group):
@@ -165,14 +187,5 @@ def _return_grads(remote_grads, dk, dv, exchange: Exchange, rank: int, s: int, e
     if not exchange.empty:
         send = torch.cat(chunks) if chunks else dk.new_empty(0)
         dist.all_to_all_single(back, send, send_sizes, recv_sizes, group=group)
-    at = 0
-    for dst, plan in enumerate(exchange.plans):
-        for req in plan.requests:
-            span = req.rows(s, e)
-            if not span.count:
-                continue
-            size = b * (req.h1 - req.h0) * span.count * d
-            rows = span.local(s)
-            for grad in (dk, dv):
-                grad[:, req.h0 : req.h1, rows] += back[at : at + size].view(b, req.h1 - req.h0, span.count, d)
-                at += size
+    for dst in range(len(exchange.plans)):
+        back = add_rows(back, dk, dv, exchange, dst, s, e)
