@@ -17,14 +17,18 @@ Two configurations per N (P ranks, shard L = N / P):
 ``comm_bytes`` is the busiest rank's bytes received per step (K/V rows in the
 forward, their float32 gradients in the backward), counted from the exchange
 plan the op executes (its buffers are sized from it); ``comm_bytes_fwd_by_branch``
-splits the forward by branch; ``allgather_kv_bytes`` is what gathering the
-whole K/V (a dense ring; and reduce-scattering dK/dV for fwd_bwd) would move.
+splits the forward by branch; ``held_kv_bytes`` is how much fetched K/V a
+rank holds at once (``all_to_all`` keeps all of it for the backward; ``ring``
+streams two sources at a time and fetches again in the backward, so it moves
+more); ``allgather_kv_bytes`` is what gathering the whole K/V (a dense ring;
+and reduce-scattering dK/dV for fwd_bwd) would move.
 Rank 0 prints a table, then one JSON line with the rows (run-store column names).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -65,6 +69,22 @@ def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal
     return busiest[0], busiest[1], sum(map(sum, per_rank))
 
 
+def held_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, transport) -> int:
+    """Fetched K/V bytes the busiest rank holds at once: all of them for
+    "all_to_all" (kept for the backward), two sources' worth for "ring"."""
+    ex = plan_exchange(plan_parts(heads, segments, rates, "longnet"), (local_len,) * world, causal)
+    elem = torch.finfo(dtype).bits // 8
+    worst = 0
+    for rank in range(world):
+        recv = split_sizes(ex, rank, batch, head_dim)[1]
+        if transport == "ring":
+            order = [recv[(rank - t) % world] for t in range(1, world)] + [0]
+            worst = max(worst, max(a + b for a, b in zip(order, order[1:])) * elem if world > 1 else 0)
+        else:
+            worst = max(worst, sum(recv) * elem)
+    return worst
+
+
 def timed(fn, iters: int, warmup: int, device) -> list[float]:
     """Per-iteration wall time in ms, the slowest rank's (barrier before each)."""
     for _ in range(warmup):
@@ -93,6 +113,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--causal", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--transports", nargs="+", default=["all_to_all", "ring"], choices=["all_to_all", "ring"])
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args()
@@ -112,11 +133,11 @@ def main() -> None:
     rows = []
     for local_len in args.local_lens:
         n = local_len * world
-        for name, (segments, rates) in configs(n).items():
+        for (name, (segments, rates)), transport in itertools.product(configs(n).items(), args.transports):
             gen = torch.Generator(device=device).manual_seed(rank)
             q, k, v = (torch.randn(b, h, local_len, d, generator=gen, device=device, dtype=dtype).requires_grad_()
                        for _ in range(3))
-            kw = dict(segment_lengths=segments, dilation_rates=rates, causal=args.causal)
+            kw = dict(segment_lengths=segments, dilation_rates=rates, causal=args.causal, transport=transport)
 
             def fwd():
                 with torch.no_grad():
@@ -129,31 +150,35 @@ def main() -> None:
             by_branch = [comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype, i)[0]
                          for i in range(len(segments))]
             gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
-            for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, fwd_b + bwd_b)):
+            # "ring" streams the K/V rows again in the backward instead of keeping them.
+            step_b = fwd_b + bwd_b + (fwd_b if transport == "ring" else 0)
+            held = held_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype, transport)
+            for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, step_b)):
                 t = timed(fn, args.iters, args.warmup, device)
                 q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
                 median = statistics.median(t)
                 rows.append({
-                    "variant": f"ring_dilated[{name}]", "impl": "all_to_all", "mode": "longnet", "compiled": False,
+                    "variant": f"ring_dilated[{name}]", "impl": transport, "mode": "longnet", "compiled": False,
                     "pass": pass_, "device": device_name, "device_kind": device.type, "dtype": args.dtype,
                     "batch": b, "seq_len": n, "heads": h, "head_dim": d, "causal": args.causal,
                     "config": json.dumps({"segment_lengths": list(segments), "dilation_rates": list(rates)}),
                     "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80,
                     "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
                     "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
-                    "comm_bytes_fwd_by_branch": by_branch,
+                    "comm_bytes_fwd_by_branch": by_branch, "held_kv_bytes": held,
                     "allgather_kv_bytes": gather if pass_ == "fwd" else 2 * gather,
                     "backend": backend, "status": "ok", "torch_version": torch.__version__,
                     "hostname": socket.gethostname(),
                 })
     if rank == 0:
-        head = (f"{'variant':<22} {'pass':<8} {'P':>3} {'N':>8} {'L':>6} {'latency ms':>11} {'comm KiB':>10} "
-                f"{'all-gather KiB':>15}  fwd KiB by branch (w/r)")
+        head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
+                f"{'comm KiB':>9} {'held KiB':>9} {'all-gather KiB':>14}  fwd KiB by branch (w/r)")
         print(head)
         print("-" * len(head))
         for r in rows:
-            print(f"{r['variant']:<22} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>8} {r['local_seq_len']:>6} "
-                  f"{r['latency_ms']:>11.2f} {r['comm_bytes'] / 1024:>10.1f} {r['allgather_kv_bytes'] / 1024:>15.1f}  "
+            print(f"{r['variant']:<22} {r['impl']:<10} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>7} "
+                  f"{r['local_seq_len']:>6} {r['latency_ms']:>10.2f} {r['comm_bytes'] / 1024:>9.0f} "
+                  f"{r['held_kv_bytes'] / 1024:>9.0f} {r['allgather_kv_bytes'] / 1024:>14.0f}  "
                   + " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
                       r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
         print(json.dumps(rows))

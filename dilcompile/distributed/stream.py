@@ -104,6 +104,7 @@ def stream_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: 
         for i, keys, values in chunks:  # fetched rows lie wholly before or after the queries
             ov, lv, q_ = views[owners[i]]
             merge(ov, lv, *attention_forward(q_, keys, values, False, scale))
+        chunks = keys = values = None  # drop this round's rows before the next one arrives
     return out.to(q.dtype), lse, k.new_empty(0)
 
 
@@ -132,6 +133,7 @@ def stream_backward(grad_out, q, k, v, out, lse, exchange: Exchange, rank: int, 
             view = _view(dq, piece, s)
             view += dq_b.view(view.shape)
             grads += [dk_b.to(acc).reshape(-1), dv_b.to(acc).reshape(-1)]
+        chunks = keys = values = None  # drop this round's rows before the next one arrives
         # Return this round's dK/dV to src; receive what rank + t computed for our rows.
         dst = (rank + t) % world
         reqs = exchange.plans[dst].requests
