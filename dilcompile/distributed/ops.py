@@ -6,6 +6,8 @@ cannot take a ``ProcessGroup``), as in ``torch.distributed._functional_collectiv
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -22,9 +24,15 @@ def _group(name: str):
 
 def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport):
     """The exchange plan and the resolved transport ("all_to_all" or "ring")."""
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
-    exchange = plan_exchange(parts, tuple(shard_lengths), causal)
-    return exchange, choose_transport(exchange, transport, q.shape[0], q.shape[1], q.shape[-1])
+    b, h, _, d = q.shape
+    return _plan(h, tuple(segment_lengths), tuple(dilation_rates), mode, causal, tuple(shard_lengths), transport, b, d)
+
+
+@lru_cache(maxsize=256)
+def _plan(heads, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport, batch, head_dim):
+    # Cached on the small config key: deciding the transport walks every rank's plan.
+    exchange = plan_exchange(plan_parts(heads, segment_lengths, dilation_rates, mode), shard_lengths, causal)
+    return exchange, choose_transport(exchange, transport, batch, heads, head_dim)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:

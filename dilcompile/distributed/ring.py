@@ -12,6 +12,8 @@ fetched rows go back to their owners in one reverse ``all_to_all_single`` (a
 reduce-scatter within each segment's ranks), summed there in float32/64.
 Every rank issues exactly one collective per direction, in the same order,
 whatever its plan (a rank with nothing to move sends and receives 0 elements).
+This is the ``"all_to_all"`` transport; ``stream.py`` moves the same rows in
+point-to-point rounds.
 """
 
 from __future__ import annotations

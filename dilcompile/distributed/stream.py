@@ -14,6 +14,10 @@ Backward re-streams the K/V rows in the same rounds and, after each, returns
 their dK/dV to the source (a point-to-point reduce-scatter). Every rank runs
 every round in the same order; a pair with nothing to move skips the transfer
 on both sides (both sides derive the sizes from the same plan).
+
+On NCCL, ``batch_isend_irecv`` expects the group's communicator to exist
+already when not every rank takes part in a call: run any collective on the
+group first (DDP/FSDP set-up or a ``barrier`` does).
 """
 
 from __future__ import annotations
