@@ -15,7 +15,8 @@ Two configurations per N (P ranks, shard L = N / P):
   count grows like log N).
 
 ``comm_bytes`` is the busiest rank's bytes received per step (K/V rows in the
-forward, their float32 gradients in the backward), counted from the exchange
+forward; their float32 gradients in the backward, and for ``ring`` the K/V
+rows again), counted from the exchange
 plan the op executes (its buffers are sized from it); ``comm_bytes_fwd_by_branch``
 splits the forward by branch; ``held_kv_bytes`` is how much fetched K/V a
 rank holds at once (``all_to_all`` keeps all of it for the backward; ``ring``
@@ -52,21 +53,23 @@ def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     }
 
 
-def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, layer=None):
-    """(fwd, bwd, total over ranks) bytes received per step, busiest rank for
-    fwd + bwd; only branch ``layer`` if given."""
+def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, transport, layer=None):
+    """Bytes received per step by the busiest rank: (forward, forward + backward),
+    and the fwd + bwd total over all ranks; only branch ``layer`` if given.
+    Backward: dK/dV in float32 (float64 for float64), plus the K/V rows again
+    for the "ring" transport."""
     parts = plan_parts(heads, segments, rates, "longnet")
     if layer is not None:
         parts = tuple(p for p in parts if p.layer == layer)
     ex = plan_exchange(parts, (local_len,) * world, causal)
     elem = torch.finfo(dtype).bits // 8
     acc = 8 if dtype == torch.float64 else 4
-    per_rank = []
+    fwd, step = [], []
     for rank in range(world):
         send, recv = split_sizes(ex, rank, batch, head_dim)
-        per_rank.append((sum(recv) * elem, sum(send) * acc))  # forward K/V in, backward dK/dV in
-    busiest = max(per_rank, key=sum)
-    return busiest[0], busiest[1], sum(map(sum, per_rank))
+        fwd.append(sum(recv) * elem)
+        step.append(fwd[-1] + sum(send) * acc + (fwd[-1] if transport == "ring" else 0))
+    return max(fwd), max(step), sum(step)
 
 
 def held_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, transport) -> int:
@@ -146,13 +149,11 @@ def main() -> None:
             def fwd_bwd():
                 ring_dilated_attention(q, k, v, **kw).sum().backward()
 
-            fwd_b, bwd_b, total_b = comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype)
-            by_branch = [comm_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype, i)[0]
-                         for i in range(len(segments))]
+            geometry = (segments, rates, h, world, local_len, b, d, args.causal, dtype, transport)
+            fwd_b, step_b, total_b = comm_bytes(*geometry)
+            by_branch = [comm_bytes(*geometry, layer=i)[0] for i in range(len(segments))]
             gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
-            # "ring" streams the K/V rows again in the backward instead of keeping them.
-            step_b = fwd_b + bwd_b + (fwd_b if transport == "ring" else 0)
-            held = held_bytes(segments, rates, h, world, local_len, b, d, args.causal, dtype, transport)
+            held = held_bytes(*geometry)
             for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, step_b)):
                 t = timed(fn, args.iters, args.warmup, device)
                 q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
