@@ -98,10 +98,10 @@ def attention_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
     if backend == "cuda_flash":
-        length = q.shape[-2]
         empty = q.new_empty(0, dtype=torch.int64)
         return aten._scaled_dot_product_flash_attention_backward(  # no dropout: rng unused
-            grad_out, q, k, v, out, lse, empty, empty, length, length, 0.0, causal, empty, empty, scale=scale
+            grad_out, q, k, v, out, lse, empty, empty, q.shape[-2], k.shape[-2], 0.0, causal, empty, empty,
+            scale=scale,
         )
     if backend == "cuda_efficient":
         padded = math.ceil(q.shape[-2] / 32) * 32

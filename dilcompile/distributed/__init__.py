@@ -1,0 +1,9 @@
+"""Sequence-parallel (ring) dilated attention on ``torch.distributed``: each
+rank passes its contiguous shard and gets its output shard, exact against the
+single-device result, gradients included."""
+
+from .api import ring_dilated_attention
+from .module import RingDilatedAttention
+from .plan import plan_exchange
+
+__all__ = ["RingDilatedAttention", "plan_exchange", "ring_dilated_attention"]

@@ -1,0 +1,104 @@
+"""``ring_dilated_attention``: validate on every rank, then dispatch to the custom op."""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral
+
+import torch.distributed as dist
+from torch import Tensor
+
+from ..dilated.api import _check_qkv
+from ..dilated.config import check_branches
+from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
+from .plan import TRANSPORTS
+
+
+def resolve_group(group):
+    """``group`` or the default group; raises if torch.distributed is not initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            "ring_dilated_attention needs an initialised process group: call "
+            "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
+        )
+    return dist.group.WORLD if group is None else group
+
+
+def check_shard_lengths(shard_lengths, local_len: int, world: int, rank: int) -> tuple[int, ...]:
+    """The length of every rank's shard; validates ``shard_lengths`` against this rank's shard."""
+    if shard_lengths is None:
+        return (local_len,) * world
+    if isinstance(shard_lengths, (int, str)) or not hasattr(shard_lengths, "__iter__"):
+        raise TypeError(f"shard_lengths must be a sequence of {world} ints (one per rank), got {shard_lengths!r}")
+    lengths = tuple(shard_lengths)
+    if len(lengths) != world or any(isinstance(x, bool) or not isinstance(x, Integral) or x < 0 for x in lengths):
+        raise ValueError(f"shard_lengths must hold {world} non-negative ints (one per rank), got {lengths!r}")
+    if lengths[rank] != local_len:
+        raise ValueError(
+            f"shard_lengths[{rank}] = {lengths[rank]} but rank {rank}'s q has {local_len} positions; "
+            "pass every rank's shard length in rank order"
+        )
+    return tuple(int(x) for x in lengths)
+
+
+def ring_dilated_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    segment_lengths,
+    dilation_rates,
+    causal: bool = False,
+    mode: str = "longnet",
+    group=None,
+    scale: float | None = None,
+    shard_lengths=None,
+    transport: str = "auto",
+) -> Tensor:
+    """Sequence-parallel dilated attention on this rank's shard.
+
+    Rank p of ``group`` holds the contiguous shard of positions
+    ``[sum(shard_lengths[:p]), sum(shard_lengths[:p+1]))`` of a sequence of
+    ``N = sum(shard_lengths)``; the result is this rank's rows of
+    ``dilated_attention`` on the full sequence, and gradients are those of the
+    full-sequence result. Every rank of the group must call this (and run the
+    backward) with the same configuration.
+
+    Args:
+        q, k, v: (B, H, L_p, D) — this rank's shard; B, H, D and dtype equal on all ranks.
+        segment_lengths, dilation_rates, causal, mode, scale: as in
+            ``dilcompile.dilated_attention`` (segments longer than N are clamped to N).
+        group: a ``torch.distributed`` process group; None → the default group.
+        shard_lengths: every rank's L_p in rank order. None (default): all
+            shards have this rank's length, N = world · L. Pass it when N is
+            not divisible by the world size.
+        transport: how fetched K/V rows move. "all_to_all": one collective per
+            direction, rows kept for the backward; "ring": P − 1 point-to-point
+            rounds overlapped with compute, at most two sources' rows held at a
+            time, re-streamed in the backward; "auto": "ring" when some rank
+            would fetch more K/V than its own shard holds (long, weakly dilated
+            branches), else "all_to_all". Results are identical.
+
+    Returns:
+        out (B, H, L_p, D) in q.dtype.
+    """
+    _check_qkv(q, k, v)
+    segments, rates = check_branches(segment_lengths, dilation_rates, mode)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    group = resolve_group(group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    lengths = check_shard_lengths(shard_lengths, q.shape[2], world, rank)
+    out, _, _ = ops.ring_dilated_fwd(
+        q, k, v, list(segments), list(rates), mode, causal, float(scale), list(lengths), group.group_name,
+        transport,
+    )
+    if mode == "groups":
+        out = out / len(segments)
+    return out

@@ -1,0 +1,190 @@
+"""Sequence-parallel dilated attention: latency and bytes communicated per step
+over an N sweep.
+
+    torchrun --nproc_per_node=4 scripts/bench_ring.py                # CPU, gloo
+    torchrun --nproc_per_node=8 scripts/bench_ring.py --device cuda  # one GPU per rank, nccl
+
+Two configurations per N (P ranks, shard L = N / P):
+
+* ``fixed``  — branches (w, r) fixed: (512, 1), (2048, 4), (8192, 16). A
+  branch whose segments fit in a shard is local (no bytes); a longer one moves
+  ~w/r rows per rank, independent of N.
+* ``scaled`` — LongNet's schedule up to the whole sequence: w_i = 512·4^i ≤ N
+  and w = N, r = w / 512, so every branch keeps w/r = 512 rows per segment. The
+  claim checked: per-rank bytes stay constant in N per branch (the branch
+  count grows like log N).
+
+``comm_bytes`` is the busiest rank's bytes received per step (K/V rows in the
+forward; their float32 gradients in the backward, and for ``ring`` the K/V
+rows again), counted from the exchange
+plan the op executes (its buffers are sized from it); ``comm_bytes_fwd_by_branch``
+splits the forward by branch; ``held_kv_bytes`` is how much fetched K/V a
+rank holds at once (``all_to_all`` keeps all of it for the backward; ``ring``
+streams two sources at a time and fetches again in the backward, so it moves
+more); ``allgather_kv_bytes`` is what gathering the whole K/V (a dense ring;
+and reduce-scattering dK/dV for fwd_bwd) would move.
+Rank 0 prints a table, then one JSON line with the rows (run-store column names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dilcompile.dilated.geometry import plan_parts
+from dilcompile.distributed import plan_exchange, ring_dilated_attention
+from dilcompile.distributed.plan import split_sizes
+
+
+def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    scaled = [w for w in (512 * 4**i for i in range(16)) if w < n] + [n]
+    return {
+        "fixed": ((512, 2048, 8192), (1, 4, 16)),
+        "scaled": (tuple(scaled), tuple(max(1, w // 512) for w in scaled)),
+    }
+
+
+def comm_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, transport, layer=None):
+    """Bytes received per step by the busiest rank: (forward, forward + backward),
+    and the fwd + bwd total over all ranks; only branch ``layer`` if given.
+    Backward: dK/dV in float32 (float64 for float64), plus the K/V rows again
+    for the "ring" transport."""
+    parts = plan_parts(heads, segments, rates, "longnet")
+    if layer is not None:
+        parts = tuple(p for p in parts if p.layer == layer)
+    ex = plan_exchange(parts, (local_len,) * world, causal)
+    elem = torch.finfo(dtype).bits // 8
+    acc = 8 if dtype == torch.float64 else 4
+    fwd, step = [], []
+    for rank in range(world):
+        send, recv = split_sizes(ex, rank, batch, head_dim)
+        fwd.append(sum(recv) * elem)
+        step.append(fwd[-1] + sum(send) * acc + (fwd[-1] if transport == "ring" else 0))
+    return max(fwd), max(step), sum(step)
+
+
+def held_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal, dtype, transport) -> int:
+    """Fetched K/V bytes the busiest rank holds at once: all of them for
+    "all_to_all" (kept for the backward), two sources' worth for "ring"."""
+    ex = plan_exchange(plan_parts(heads, segments, rates, "longnet"), (local_len,) * world, causal)
+    elem = torch.finfo(dtype).bits // 8
+    worst = 0
+    for rank in range(world):
+        recv = split_sizes(ex, rank, batch, head_dim)[1]
+        if transport == "ring":
+            order = [recv[(rank - t) % world] for t in range(1, world)] + [0]
+            worst = max(worst, max(a + b for a, b in zip(order, order[1:])) * elem if world > 1 else 0)
+        else:
+            worst = max(worst, sum(recv) * elem)
+    return worst
+
+
+def timed(fn, iters: int, warmup: int, device) -> list[float]:
+    """Per-iteration wall time in ms, the slowest rank's (barrier before each)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    worst = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.tolist()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--local-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shard lengths L")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--transports", nargs="+", default=["all_to_all", "ring"], choices=["all_to_all", "ring"])
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args()
+
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", torch.cuda.current_device())
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device = torch.device("cpu")
+        device_name = platform.processor() or platform.machine()
+    dtype = getattr(torch, args.dtype)
+    b, h, d = args.batch, args.heads, args.head_dim
+    rows = []
+    for local_len in args.local_lens:
+        n = local_len * world
+        for (name, (segments, rates)), transport in itertools.product(configs(n).items(), args.transports):
+            gen = torch.Generator(device=device).manual_seed(rank)
+            q, k, v = (torch.randn(b, h, local_len, d, generator=gen, device=device, dtype=dtype).requires_grad_()
+                       for _ in range(3))
+            kw = dict(segment_lengths=segments, dilation_rates=rates, causal=args.causal, transport=transport)
+
+            def fwd():
+                with torch.no_grad():
+                    ring_dilated_attention(q, k, v, **kw)
+
+            def fwd_bwd():
+                ring_dilated_attention(q, k, v, **kw).sum().backward()
+
+            geometry = (segments, rates, h, world, local_len, b, d, args.causal, dtype, transport)
+            fwd_b, step_b, total_b = comm_bytes(*geometry)
+            by_branch = [comm_bytes(*geometry, layer=i)[0] for i in range(len(segments))]
+            gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
+            held = held_bytes(*geometry)
+            for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, step_b)):
+                t = timed(fn, args.iters, args.warmup, device)
+                q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
+                median = statistics.median(t)
+                rows.append({
+                    "variant": f"ring_dilated[{name}]", "impl": transport, "mode": "longnet", "compiled": False,
+                    "pass": pass_, "device": device_name, "device_kind": device.type, "dtype": args.dtype,
+                    "batch": b, "seq_len": n, "heads": h, "head_dim": d, "causal": args.causal,
+                    "config": json.dumps({"segment_lengths": list(segments), "dilation_rates": list(rates)}),
+                    "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80,
+                    "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
+                    "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
+                    "comm_bytes_fwd_by_branch": by_branch, "held_kv_bytes": held,
+                    "allgather_kv_bytes": gather if pass_ == "fwd" else 2 * gather,
+                    "backend": backend, "status": "ok", "torch_version": torch.__version__,
+                    "hostname": socket.gethostname(),
+                })
+    if rank == 0:
+        head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
+                f"{'comm KiB':>9} {'held KiB':>9} {'all-gather KiB':>14}  fwd KiB by branch (w/r)")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            print(f"{r['variant']:<22} {r['impl']:<10} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>7} "
+                  f"{r['local_seq_len']:>6} {r['latency_ms']:>10.2f} {r['comm_bytes'] / 1024:>9.0f} "
+                  f"{r['held_kv_bytes'] / 1024:>9.0f} {r['allgather_kv_bytes'] / 1024:>14.0f}  "
+                  + " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
+                      r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
+        print(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
