@@ -4,6 +4,7 @@ single-device result, gradients included."""
 
 from .api import ring_dilated_attention
 from .module import RingDilatedAttention
+from .multihead import RingMultiheadDilatedAttention
 from .plan import plan_exchange
 
-__all__ = ["RingDilatedAttention", "plan_exchange", "ring_dilated_attention"]
+__all__ = ["RingDilatedAttention", "RingMultiheadDilatedAttention", "plan_exchange", "ring_dilated_attention"]
