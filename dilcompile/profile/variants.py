@@ -50,14 +50,15 @@ class Variant:
     build: Callable[[Point, str], Built]  # (point, argument after ':') -> Built
     needs_branches: bool  # needs segments/rates
     help: str
+    requires: Callable[[], None] | None = None  # raises VariantUnavailable if a dependency is missing
 
 
 REGISTRY: dict[str, Variant] = {}
 
 
-def register(name: str, help: str, needs_branches: bool = False):
+def register(name: str, help: str, needs_branches: bool = False, requires: Callable[[], None] | None = None):
     def deco(build):
-        REGISTRY[name] = Variant(name, build, needs_branches, help)
+        REGISTRY[name] = Variant(name, build, needs_branches, help, requires)
         return build
     return deco
 
@@ -81,6 +82,8 @@ def check_point(point: Point) -> None:
     variant, _ = resolve(point.variant)
     if variant.needs_branches and not point.segments:
         raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
+    if variant.requires is not None:
+        variant.requires()
 
 
 def build(point: Point) -> Built:
@@ -144,6 +147,22 @@ def _missing(variant: str, what: str, exc: ImportError) -> VariantUnavailable:
     return VariantUnavailable(f"variant {variant!r} needs {what}, which this dilcompile does not provide ({exc})")
 
 
+def _requires_multihead() -> None:
+    try:
+        from dilcompile import MultiheadDilatedAttention  # noqa: F401
+    except ImportError as exc:
+        raise _missing("multihead", "dilcompile.MultiheadDilatedAttention", exc) from None
+
+
+def _requires_block_sparse() -> None:
+    try:
+        from dilcompile import block_sparse_attention  # noqa: F401
+        from dilcompile.patterns import from_spec  # noqa: F401
+    except ImportError as exc:
+        raise _missing("block-sparse", "dilcompile.block_sparse_attention and dilcompile.patterns.from_spec",
+                       exc) from None
+
+
 @functools.lru_cache(maxsize=8)
 def _mha_module(embed_dim, heads, segments, rates, dtype, device):
     # One module per configuration across a length sweep, so a compiled module is reused.
@@ -153,7 +172,7 @@ def _mha_module(embed_dim, heads, segments, rates, dtype, device):
 
 
 @register("multihead", "MultiheadDilatedAttention (projections + dilated attention), x: (B, N, H·D)",
-          needs_branches=True)
+          needs_branches=True, requires=_requires_multihead)
 def _multihead(point: Point, arg: str) -> Built:
     try:
         module = _mha_module(point.heads * point.head_dim, point.heads, point.segments, point.rates,
@@ -204,7 +223,8 @@ def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
     return total
 
 
-@register("block-sparse", "block_sparse_attention with a pattern spec: block-sparse:<spec>")
+@register("block-sparse", "block_sparse_attention with a pattern spec: block-sparse:<spec>",
+          requires=_requires_block_sparse)
 def _block_sparse(point: Point, spec: str) -> Built:
     try:
         from dilcompile import block_sparse_attention
