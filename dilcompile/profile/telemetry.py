@@ -205,6 +205,8 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self._nvml is not None:
+            self._sample(None)  # a last GPU reading at the window's end
         status, energy = self.status, None
         if self._energy0 is not None and energy1 is not None:
             energy = (energy1 - self._energy0) / 1000.0

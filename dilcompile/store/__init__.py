@@ -130,7 +130,11 @@ class RunWriter:
         self.pending: list[tuple[dict, list[dict]]] = []
         self.written = 0
         # Fail fast on a bad path: open (and migrate) once before measuring anything.
-        connect(self.path, timeout=timeout).close()
+        # A lock held by a reader is not an error: rows wait in memory until it lets go.
+        try:
+            connect(self.path, timeout=timeout).close()
+        except StoreLocked:
+            pass
 
     def write(self, measurement: dict, samples: list[dict] | None = None) -> bool:
         """Queue a row and flush the queue; False if the file stayed locked (rows kept for later)."""
