@@ -140,7 +140,8 @@ def dynamo_counters() -> dict:
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(exc, oom_type):
         return True
     text = str(exc)
     return isinstance(exc, (RuntimeError, MemoryError)) and (

@@ -68,11 +68,15 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
                 raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
     deadline = time.monotonic() + timeout
     delay = 0.02
+    config = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
     while True:
         try:
-            con = duckdb.connect(path, read_only=read_only,
-                                 config={"storage_compatibility_version": STORAGE_COMPATIBILITY})
+            con = duckdb.connect(path, read_only=read_only, config=config)
             break
+        except (duckdb.InvalidInputException, duckdb.CatalogException) as exc:
+            if "storage_compatibility_version" not in str(exc) or not config:
+                raise
+            config = {}  # a DuckDB older than the setting writes an old format anyway
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 raise StoreError(f"cannot open {path}: {str(exc).splitlines()[0]}") from exc
