@@ -146,3 +146,12 @@ def test_reader_holding_the_file_delays_rows_but_loses_none(tmp_path):
     assert first == "pending"
     assert out.strip() == "written 1"
     assert store.query(db, "SELECT run_id FROM runs")[1] == [("c0",)]
+
+
+def test_telemetry_rows_with_different_readings_keep_them_all(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    w = store.RunWriter(db, {"sweep_id": "s1"})
+    w.write(_row("r1"), [{"t_s": 0.0, "power_w": 200.0}, {"t_s": 0.02, "power_w": 210.0, "cpu_util_pct": 55.0}])
+    w.close()
+    assert store.query(db, "SELECT t_s, power_w, cpu_util_pct FROM telemetry ORDER BY t_s")[1] == [
+        (0.0, 200.0, None), (0.02, 210.0, 55.0)]

@@ -114,7 +114,7 @@ def _insert(con, table: str, row: dict) -> None:
 def _insert_many(con, table: str, rows: list[dict]) -> None:
     if not rows:
         return
-    keys = list(rows[0])
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # union: early samples may lack some readings
     names = ", ".join(f'"{k}"' for k in keys)
     marks = ", ".join("?" for _ in keys)
     con.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", [[r.get(k) for k in keys] for r in rows])
