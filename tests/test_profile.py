@@ -207,3 +207,31 @@ def test_cli_query_export_import_and_maxlen(tmp_path, capsys):
     assert capsys.readouterr().out.split() == ["n", "2"]
     assert main(["query", "SELECT no_such_column FROM runs", "--db", other]) == 1
     assert "Binder Error" in capsys.readouterr().err
+
+
+def test_sigint_to_a_real_sweep_keeps_rows_and_exits_130(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    db = tmp_path / "runs.duckdb"
+    lengths = [str(n) for n in range(16, 16 + 8 * 60, 8)]  # far more points than run before the signal
+    cmd = [sys.executable, "-m", "dilcompile", "profile", "--variant", "sdpa", "--heads", "1", "--head-dim", "8",
+           "--max-time", "0.01", "--warmup", "0", "--db", str(db)]
+    for n in lengths:
+        cmd += ["--seq-len", n]
+    child = subprocess.Popen(cmd, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    # The progress bar (stderr) counts a point once its row is committed: wait for the first one.
+    while child.poll() is None and not re.search(r"\b[1-9][0-9]*/%d\b" % len(lengths), seen):
+        seen += child.stderr.read(1)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 130, err[-1000:]
+    assert "Traceback" not in err
+    kept = store.query(db, "SELECT count(*) FROM runs WHERE status = 'ok'")[1][0][0]
+    assert 1 <= kept < len(lengths)
