@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import math
 import sys
 import time
 import uuid
@@ -65,8 +66,10 @@ class Profiler:
     sweep of one compiled variant shows its recompiles."""
 
     def __init__(self, warmup: int = 2, repeats: int = 20, max_time_s: float = 2.0, telemetry: bool = True,
-                 nvml=None):
+                 nvml=None, gpu_min_window_s: float = 0.5):
         self.warmup, self.repeats, self.max_time_s = warmup, repeats, max_time_s
+        # The GPU energy counter ticks coarsely: fast calls repeat until the window is long enough to read it.
+        self.gpu_min_window_s = gpu_min_window_s
         self.telemetry, self.nvml = telemetry, nvml
         self._compiled: dict[tuple, Callable] = {}
         self._timers: dict[str, Timer] = {}
@@ -116,6 +119,8 @@ class Profiler:
         warm_s = time.perf_counter() - start - first_s
         per_call = warm_s / self.warmup if self.warmup else first_s
         repeats = max(min(3, self.repeats), min(self.repeats, int(self.max_time_s / max(per_call, 1e-6))))
+        if device.type == "cuda" and self.telemetry:
+            repeats = max(repeats, min(10_000, math.ceil(self.gpu_min_window_s / max(per_call, 1e-6))))
 
         row["peak_mem_bytes"] = peak_memory(step, device)
         timer = self._timers.setdefault(str(device), Timer(device))
