@@ -105,3 +105,34 @@ def test_host_cpu_readings_where_readable():
         assert x["cpu_util_pct"] is None or 0.0 <= x["cpu_util_pct"] <= 100.0
         assert x["cpu_freq_mhz"] is None or x["cpu_freq_mhz"] > 0
     assert isinstance(result, TelemetryResult)
+
+
+def test_cuda_timer_flushes_l2_outside_the_timed_events(monkeypatch):
+    import torch
+
+    from dilcompile.profile.measure import Timer
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            log.append("record")
+            self.at = len(log)
+
+        def elapsed_time(self, end):
+            return float(end.at - self.at)
+
+    class Buffer:
+        def zero_(self):
+            log.append("flush")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    timer = Timer(torch.device("cpu"))
+    timer.device, timer._flush = torch.device("cuda"), Buffer()
+    timing = timer.time(lambda: log.append("call"), 3)
+    assert log == ["sync"] + ["flush", "record", "call", "record"] * 3 + ["sync"]
+    assert timing.times_ms == (2.0, 2.0, 2.0)  # each event pair brackets exactly one call
