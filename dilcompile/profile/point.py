@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 PASSES = ("fwd", "fwd_bwd")
@@ -23,7 +23,6 @@ class Point:
     rates: tuple[int, ...] = ()  # dilated variants: dilation rates r_i
     compiled: bool = False  # torch.compile the variant's callable
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", ...
-    extra: tuple[tuple[str, object], ...] = field(default=())  # variant-specific options, sorted pairs
 
     def __post_init__(self):
         if not isinstance(self.variant, str) or not self.variant:
@@ -61,5 +60,4 @@ class Point:
     def from_json(cls, text: str) -> "Point":
         d = json.loads(text)
         d["segments"], d["rates"] = tuple(d["segments"]), tuple(d["rates"])
-        d["extra"] = tuple(tuple(p) for p in d.get("extra", ()))
         return cls(**d)

@@ -163,13 +163,8 @@ def measure_safely(profiler: Profiler, point: Point) -> tuple[dict, list[dict]]:
     except Exception as exc:
         status = "oom" if is_oom(exc) else "error"
         row = {"status": status, "error": _one_line(exc)}
-        try:
-            from .variants import resolve
-            variant, _ = resolve(point.variant)
-            row["config"] = json.dumps({"segments": list(point.segments), "rates": list(point.rates)}
-                                       if variant.needs_branches else {})
-        except Exception:
-            pass
+        if point.segments:  # the config a failed build could not report
+            row["config"] = json.dumps({"rates": list(point.rates), "segments": list(point.segments)})
         return row, []
     finally:
         gc.collect()
@@ -208,14 +203,12 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
               profiler: Profiler | None = None, on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Measure every point of ``spec`` into the store at ``db``; returns the rows written."""
     points = order_for_baseline(spec.points)
-    devices = {p.device for p in points}
-    envs = {d: _env.capture(torch.device(d)) for d in devices}
-    names = {d: _env.device_name(torch.device(d)) for d in devices}
+    names = {d: _env.device_name(torch.device(d)) for d in {p.device for p in points}}
     sweep_id = uuid.uuid4().hex
-    first_env = envs[points[0].device]
+    env = _env.capture(torch.device(points[0].device))  # a sweep runs on one device (the CLI's --device)
     writer = RunWriter(db, {"sweep_id": sweep_id, "sweep_started_at": _now(), "sweep_kind": kind,
                             "sweep_name": spec.name, "tag": spec.tag,
-                            "spec": json.dumps(spec.source, default=str), **first_env})
+                            "spec": json.dumps(spec.source, default=str), **env})
     profiler = profiler or Profiler(spec.warmup, spec.repeats, spec.max_time_s)
     baselines: dict[tuple, tuple[bool, float]] = {}  # shape -> (compiled, dense FLOP/s)
     rows: list[dict] = []
