@@ -123,7 +123,9 @@ class Profiler:
             repeats = max(repeats, min(10_000, math.ceil(self.gpu_min_window_s / max(per_call, 1e-6))))
 
         row["peak_mem_bytes"] = peak_memory(step, device)
-        timer = self._timers.setdefault(str(device), Timer(device))
+        if str(device) not in self._timers:  # one L2-flush buffer per device, not per point
+            self._timers[str(device)] = Timer(device)
+        timer = self._timers[str(device)]
         sampler = self._sampler(device)
         mid = dynamo_counters()
         sampler.start()
