@@ -1,5 +1,5 @@
 # Two entry points, each doing all of its own set-up on a fresh machine:
-#   make run   — the main job (demo: dilated attention vs dense SDPA on this device)
+#   make run   — the main job: a short standard sweep on this device into runs/dilcompile.duckdb, printed as a table
 #   make test  — the full test suite
 PYTHON ?= python3
 VENV := .venv
@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/dilcompile demo
+	$(BIN)/dilcompile profile --sweep scripts/sweeps/quick.toml --db runs/dilcompile.duckdb
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -6,13 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo
+from . import demo, maxlen, profile, query, runs
 
-SUBCOMMANDS = [demo]
+SUBCOMMANDS = [demo, profile, query, runs, maxlen]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (no usage dump), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dilcompile", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dilcompile", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(sub)

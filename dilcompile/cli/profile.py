@@ -1,0 +1,82 @@
+"""``dilcompile profile``: measure attention variants into the run store."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, add_shape, fail, grid_from_flags, result_table
+
+PROG = "dilcompile profile"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure variants (a TOML sweep or flags) into the run store",
+                       description="Measure attention variants; every point becomes a row of the run store.")
+    p.add_argument("--sweep", metavar="FILE", help="a TOML sweep file (standard ones: scripts/sweeps/)")
+    add_shape(p)
+    p.add_argument("--warmup", type=int, help="untimed calls per point (default 2, or the sweep file's)")
+    p.add_argument("--repeats", type=int, help="timed calls per point, at most (default 20)")
+    p.add_argument("--max-time", type=float, help="seconds of timed work per point, at most (default 2)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
+    p.add_argument("--list-variants", action="store_true", help="list the registered variants and exit")
+    add_db(p)
+    p.set_defaults(func=run)
+
+
+def build_spec(args):
+    """The sweep the arguments ask for; ValueError (a usage error) if they don't make one."""
+    from ..profile import from_dict, load
+    from ..profile.env import resolve_device
+
+    device = str(resolve_device(args.device))
+    if args.sweep:
+        if args.variant or args.seq_len:
+            raise ValueError("give either --sweep FILE or --variant/--seq-len flags, not both")
+        spec = load(args.sweep, device, tag=args.tag)
+    else:
+        if not args.variant or not args.seq_len:
+            raise ValueError("give --sweep FILE, or at least one --variant and one --seq-len")
+        doc = {"name": "adhoc", "grid": [grid_from_flags(args, args.seq_len)]}
+        spec = from_dict(doc, device, tag=args.tag)
+    overrides = {k: v for k, v in (("warmup", args.warmup), ("repeats", args.repeats), ("max_time_s", args.max_time))
+                 if v is not None}
+    if overrides:
+        from dataclasses import replace
+        spec = replace(spec, **overrides)
+    return spec
+
+
+def run(args) -> int:
+    from ..profile import variants
+    from ..store import StoreError
+
+    if args.list_variants:
+        print(variants.describe())
+        return 0
+    try:
+        spec = build_spec(args)
+    except (ValueError, TypeError, variants.VariantUnavailable) as exc:
+        return fail(PROG, str(exc), USAGE_ERROR)
+
+    from ..profile import run_sweep
+
+    print(f"{len(spec.points)} points → {args.db}", file=sys.stderr)
+    rows: list[dict] = []
+    try:
+        run_sweep(spec, args.db, progress=not args.no_progress, on_row=rows.append)
+    except StoreError as exc:
+        return fail(PROG, str(exc), RUNTIME_ERROR)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(rows)} finished rows kept in {args.db}", file=sys.stderr)
+        if rows:
+            print(result_table(rows))
+        return 130
+    print(result_table(rows))
+    if args.json:
+        print(json.dumps({"profile": rows}, default=str))
+    bad = sum(r["status"] != "ok" for r in rows)
+    if bad:
+        print(f"{bad} of {len(rows)} points did not run (status oom/error in the store)", file=sys.stderr)
+    return 0

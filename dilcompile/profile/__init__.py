@@ -1,0 +1,16 @@
+"""The profiler: measure attention variants and record every run in the store.
+
+- :mod:`.point` — one measurement point; :mod:`.sweep` — TOML sweeps → points
+- :mod:`.variants` — the variant registry (callable, inputs, useful FLOPs)
+- :mod:`.measure` — timing (CUDA events + L2 flush / perf_counter), peak memory, compile counters
+- :mod:`.telemetry` — NVML and host sampler; :mod:`.env` — environment capture
+- :mod:`.runner` — the sweep runner; :mod:`.maxlen` — longest sequence that runs
+"""
+
+from .point import Point
+from .runner import Profiler, run_sweep
+from .sweep import SweepSpec, from_dict, load
+from .variants import REGISTRY, UnknownVariant, VariantUnavailable, register
+
+__all__ = ["Point", "Profiler", "REGISTRY", "SweepSpec", "UnknownVariant", "VariantUnavailable", "from_dict",
+           "load", "register", "run_sweep"]

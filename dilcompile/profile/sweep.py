@@ -1,0 +1,142 @@
+"""Sweep specs: a TOML file (standard ones in ``scripts/sweeps/``) or CLI flags
+expanded into :class:`Point` s.
+
+A sweep file::
+
+    name = "quick"
+    warmup = 2          # untimed calls per point (after the compile call)
+    repeats = 20        # timed calls per point, at most ...
+    max_time_s = 1.5    # ... and no more than this much timed work per point
+    tag = "optional label"
+
+    [defaults]          # applies to every [[grid]] entry
+    batch = 1
+    heads = 8
+    head_dim = 64
+    dtype = "float32"
+    causal = false
+    pass = "fwd"
+    compile = false
+    device = "auto"
+    segments = [512, 1024]
+    rates = [1, 2]
+
+    [[grid]]            # the cartesian product of list-valued keys
+    variant = ["sdpa", "dilated"]
+    seq_len = [1024, 2048]
+    compile = [false, true]
+
+``segments``/``rates``: a list of ints is one value; a list of lists is a
+choice, and the two choices are zipped (one rate list per segment list).
+Variants without branches (``sdpa``, ``block-sparse:…``) ignore them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .point import Point
+from .variants import check_point, resolve
+
+KEYS = ("variant", "seq_len", "batch", "heads", "head_dim", "dtype", "causal", "pass", "compile", "device",
+        "segments", "rates")
+DEFAULTS = {"batch": 1, "heads": 8, "head_dim": 64, "dtype": "float32", "causal": False, "pass": "fwd",
+            "compile": False, "device": "auto", "segments": [], "rates": []}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    points: tuple[Point, ...]
+    warmup: int = 2
+    repeats: int = 20
+    max_time_s: float = 2.0  # cap on a point's timed work; repeats shrink to fit (at least 3)
+    tag: str | None = None
+    source: dict = field(default_factory=dict)  # the spec as asked (stored as JSON)
+
+    def __post_init__(self):
+        if not self.points:
+            raise ValueError(f"sweep {self.name!r} has no points; give at least one variant and one seq_len")
+        if self.warmup < 0 or self.repeats < 1 or self.max_time_s <= 0:
+            raise ValueError(f"need warmup ≥ 0, repeats ≥ 1, max_time_s > 0; got {self.warmup}, "
+                             f"{self.repeats}, {self.max_time_s}")
+
+
+def _choices(key: str, value) -> list:
+    if key in ("segments", "rates"):
+        if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+            return value
+        return [value]
+    return value if isinstance(value, list) else [value]
+
+
+def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
+    """All points of one grid entry (defaults filled in), validated."""
+    merged = {**DEFAULTS, **defaults, **entry}
+    unknown = set(merged) - set(KEYS)
+    if unknown:
+        raise ValueError(f"unknown sweep key(s) {sorted(unknown)}; allowed: {', '.join(KEYS)}")
+    for key in ("variant", "seq_len"):
+        if key not in merged:
+            raise ValueError(f"every [[grid]] entry needs {key!r}")
+    segs, rates = _choices("segments", merged.pop("segments")), _choices("rates", merged.pop("rates"))
+    if len(segs) != len(rates):
+        raise ValueError(f"segments has {len(segs)} choices but rates has {len(rates)}; give one rates list per "
+                         "segments list")
+    merged["branches"] = [(tuple(s), tuple(r)) for s, r in zip(segs, rates)]
+    keys = list(merged)
+    grids = [merged[k] if k == "branches" else _choices(k, merged[k]) for k in keys]
+    points = []
+    for combo in itertools.product(*grids):
+        d = dict(zip(keys, combo))
+        variant, _ = resolve(d["variant"])
+        segments, rate_list = d["branches"] if variant.needs_branches else ((), ())
+        dev = device if d["device"] == "auto" else d["device"]
+        point = Point(variant=d["variant"], seq_len=d["seq_len"], batch=d["batch"], heads=d["heads"],
+                      head_dim=d["head_dim"], dtype=d["dtype"], causal=d["causal"], pass_=d["pass"],
+                      segments=segments, rates=rate_list, compiled=d["compile"], device=dev)
+        check_point(point)
+        if point not in points:
+            points.append(point)
+    return points
+
+
+def from_dict(doc: dict, device: str, name: str = "adhoc", tag: str | None = None) -> SweepSpec:
+    allowed = {"name", "description", "warmup", "repeats", "max_time_s", "tag", "defaults", "grid"}
+    unknown = set(doc) - allowed
+    if unknown:
+        raise ValueError(f"unknown top-level sweep key(s) {sorted(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    grid = doc.get("grid") or []
+    if isinstance(grid, dict):
+        grid = [grid]
+    points: list[Point] = []
+    for entry in grid:
+        for p in expand(entry, doc.get("defaults", {}), device):
+            if p not in points:
+                points.append(p)
+    return SweepSpec(name=doc.get("name", name), points=tuple(points), warmup=int(doc.get("warmup", 2)),
+                     repeats=int(doc.get("repeats", 20)), max_time_s=float(doc.get("max_time_s", 2.0)),
+                     tag=tag if tag is not None else doc.get("tag"), source=doc)
+
+
+def load(path: str | Path, device: str, tag: str | None = None) -> SweepSpec:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"sweep file {str(path)!r} not found; standard sweeps are in scripts/sweeps/") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
+    return from_dict(doc, device, name=path.stem, tag=tag)
+
+
+def order_for_baseline(points: tuple[Point, ...]) -> list[Point]:
+    """Shape by shape, with the dense ``sdpa`` point first, so η can be computed
+    as each row is written. Order is otherwise kept."""
+    first_seen: dict[tuple, int] = {}
+    for i, p in enumerate(points):
+        first_seen.setdefault(p.shape_key(), i)
+    return sorted(points, key=lambda p: (first_seen[p.shape_key()], p.variant != "sdpa", p.compiled))

@@ -1,0 +1,251 @@
+"""The variant registry: each variant builds a callable and its inputs for a
+:class:`Point` and counts the call's useful FLOPs (DESIGN.md "Useful FLOPs").
+
+Variants from other packages (``multihead``, ``block-sparse:<spec>``) import
+them only when built, so a missing package is a one-line error for that
+variant, not an import failure of the profiler.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .point import Point
+
+BWD_FACTOR = 2.5  # DESIGN.md: backward = 2.5 × forward
+
+
+class UnknownVariant(ValueError):
+    pass
+
+
+class VariantUnavailable(RuntimeError):
+    """The variant exists but what it needs is not installed / not merged."""
+
+
+@dataclass
+class Built:
+    fn: Callable  # fn(*inputs) -> Tensor or (Tensor, ...); compiled by the runner when asked
+    inputs: tuple  # tensors; require grad for "fwd_bwd"
+    fwd_flops: float  # useful FLOPs of one forward call
+    impl: str
+    mode: str | None
+    config: dict  # JSON-able: segments, rates, pattern, ...
+    key: tuple  # points with one key share one compiled callable (recompiles then show up)
+
+    def useful_flops(self, pass_: str) -> float:
+        return self.fwd_flops * (1 + BWD_FACTOR if pass_ == "fwd_bwd" else 1)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    build: Callable[[Point, str], Built]  # (point, argument after ':') -> Built
+    needs_branches: bool  # needs segments/rates
+    help: str
+    requires: Callable[[], None] | None = None  # raises VariantUnavailable if a dependency is missing
+
+
+REGISTRY: dict[str, Variant] = {}
+
+
+def register(name: str, help: str, needs_branches: bool = False, requires: Callable[[], None] | None = None):
+    def deco(build):
+        REGISTRY[name] = Variant(name, build, needs_branches, help, requires)
+        return build
+    return deco
+
+
+def resolve(name: str) -> tuple[Variant, str]:
+    """``"block-sparse:local_window(256)"`` -> (the block-sparse variant, "local_window(256)")."""
+    base, _, arg = name.partition(":")
+    if base not in REGISTRY:
+        raise UnknownVariant(f"unknown variant {name!r}; known: {', '.join(sorted(REGISTRY))} "
+                             "(block-sparse takes a pattern: block-sparse:<spec>)")
+    variant = REGISTRY[base]
+    if base == "block-sparse" and not arg:
+        raise UnknownVariant("variant block-sparse needs a pattern: block-sparse:<spec>, e.g. block-sparse:local_window(256)")
+    if base != "block-sparse" and arg:
+        raise UnknownVariant(f"variant {base!r} takes no ':' argument, got {name!r}")
+    return variant, arg
+
+
+def check_point(point: Point) -> None:
+    """Raise (ValueError) if ``point`` can't be built, before anything runs."""
+    variant, _ = resolve(point.variant)
+    if variant.needs_branches and not point.segments:
+        raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
+    if variant.requires is not None:
+        variant.requires()
+
+
+def build(point: Point) -> Built:
+    variant, arg = resolve(point.variant)
+    check_point(point)
+    return variant.build(point, arg)
+
+
+def _qkv(point: Point, grad: bool) -> tuple:
+    dtype = getattr(torch, point.dtype)
+    shape = (point.batch, point.heads, point.seq_len, point.head_dim)  # (B, H, N, D)
+    return tuple(torch.randn(shape, dtype=dtype, device=point.device, requires_grad=grad) for _ in range(3))
+
+
+def dense_nnz(heads: int, n: int, causal: bool) -> int:
+    return heads * n * (n + 1) // 2 if causal else heads * n * n
+
+
+def _flops(point: Point, nnz: int) -> float:
+    return 4.0 * point.batch * point.head_dim * nnz
+
+
+@register("sdpa", "dense F.scaled_dot_product_attention (the η baseline)")
+def _sdpa(point: Point, arg: str) -> Built:
+    causal = point.causal
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"), _flops(point, dense_nnz(point.heads, point.seq_len, causal)),
+                 impl="sdpa", mode=None, config={}, key=("sdpa", causal))
+
+
+def _dilated(point: Point, mode: str) -> Built:
+    from ..dilated import dilated_attention
+    from ..dilated.geometry import nnz, plan_parts
+
+    kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal, mode=mode)
+
+    def fn(q, k, v):
+        return dilated_attention(q, k, v, **kw)
+
+    parts = plan_parts(point.heads, point.segments, point.rates, mode)
+    config = {"segments": list(point.segments), "rates": list(point.rates)}
+    return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"),
+                 _flops(point, nnz(parts, point.heads, point.seq_len, point.causal)),
+                 impl="sdpa", mode=mode, config=config, key=("dilated", mode, point.segments, point.rates, point.causal))
+
+
+@register("dilated", "LongNet dilated attention (mode='longnet')", needs_branches=True)
+def _dilated_longnet(point: Point, arg: str) -> Built:
+    return _dilated(point, "longnet")
+
+
+@register("dilated-groups", "dilated attention with the seed system's head groups (mode='groups')", needs_branches=True)
+def _dilated_groups(point: Point, arg: str) -> Built:
+    return _dilated(point, "groups")
+
+
+def _missing(variant: str, what: str, exc: ImportError) -> VariantUnavailable:
+    return VariantUnavailable(f"variant {variant!r} needs {what}, which this dilcompile does not provide ({exc})")
+
+
+def _requires_multihead() -> None:
+    try:
+        from dilcompile import MultiheadDilatedAttention  # noqa: F401
+    except ImportError as exc:
+        raise _missing("multihead", "dilcompile.MultiheadDilatedAttention", exc) from None
+
+
+def _requires_block_sparse() -> None:
+    try:
+        from dilcompile import block_sparse_attention  # noqa: F401
+        from dilcompile.patterns import from_spec  # noqa: F401
+    except ImportError as exc:
+        raise _missing("block-sparse", "dilcompile.block_sparse_attention and dilcompile.patterns.from_spec",
+                       exc) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _mha_module(embed_dim, heads, segments, rates, dtype, device):
+    # One module per configuration across a length sweep, so a compiled module is reused.
+    from dilcompile import MultiheadDilatedAttention
+    torch.manual_seed(0)
+    return MultiheadDilatedAttention(embed_dim, heads, segments, rates).to(device=device, dtype=getattr(torch, dtype))
+
+
+@register("multihead", "MultiheadDilatedAttention (projections + dilated attention), x: (B, N, H·D)",
+          needs_branches=True, requires=_requires_multihead)
+def _multihead(point: Point, arg: str) -> Built:
+    try:
+        module = _mha_module(point.heads * point.head_dim, point.heads, point.segments, point.rates,
+                             point.dtype, point.device)
+    except ImportError as exc:
+        raise _missing("multihead", "dilcompile.MultiheadDilatedAttention", exc) from None
+    from ..dilated.geometry import nnz, plan_parts
+
+    causal = point.causal
+
+    def fn(x):
+        return module(x, x, x, is_causal=causal)[0]  # (B, N, E)
+
+    x = torch.randn(point.batch, point.seq_len, point.heads * point.head_dim, dtype=getattr(torch, point.dtype),
+                    device=point.device, requires_grad=point.pass_ == "fwd_bwd")
+    parts = plan_parts(point.heads, point.segments, point.rates)
+    # Useful FLOPs count the attention only (as for every variant), not the projections.
+    config = {"segments": list(point.segments), "rates": list(point.rates), "flops": "attention only"}
+    return Built(fn, (x,), _flops(point, nnz(parts, point.heads, point.seq_len, causal)), impl="module",
+                 mode="longnet", config=config,
+                 key=("multihead", point.segments, point.rates, causal, point.heads, point.head_dim, point.dtype))
+
+
+def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
+    """Attended (head, query, key) triples of a block-sparse pattern: from its
+    ``nnz`` or ``density`` method when it has one, else by evaluating its
+    ``mask_mod`` in row blocks (exact, O(H·N²) work)."""
+    for name in ("nnz", "density"):
+        method = getattr(pattern, name, None)
+        if method is None:
+            continue
+        params = inspect.signature(method).parameters
+        if causal and "causal" not in params:
+            continue  # can't tell whether it counts the causal half
+        value = method(n, causal=causal) if "causal" in params else method(n)
+        if name == "density":
+            return int(round(float(value) * dense_nnz(heads, n, False)))
+        return int(value) * heads  # the pattern API counts (query, key) pairs of one head
+    h = torch.arange(heads)[:, None, None]
+    kv = torch.arange(n)[None, None, :]
+    total, step = 0, max(1, 2**24 // max(1, heads * n))
+    for start in range(0, n, step):
+        q = torch.arange(start, min(n, start + step))[None, :, None]
+        allowed = pattern.mask_mod(torch.zeros((), dtype=torch.long), h, q, kv)
+        if causal:
+            allowed = allowed & (kv <= q)
+        total += int(allowed.expand(heads, q.shape[1], n).sum())
+    return total
+
+
+@register("block-sparse", "block_sparse_attention with a pattern spec: block-sparse:<spec>",
+          requires=_requires_block_sparse)
+def _block_sparse(point: Point, spec: str) -> Built:
+    try:
+        from dilcompile import block_sparse_attention
+        from dilcompile.patterns import from_spec
+    except ImportError as exc:
+        raise _missing(f"block-sparse:{spec}", "dilcompile.block_sparse_attention and dilcompile.patterns.from_spec",
+                       exc) from None
+    pattern = from_spec(spec)
+    causal = point.causal
+
+    def fn(q, k, v):
+        return block_sparse_attention(q, k, v, pattern, causal=causal)
+
+    return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"),
+                 _flops(point, pattern_nnz(pattern, point.heads, point.seq_len, causal)), impl="block-sparse",
+                 mode=None, config={"pattern": spec}, key=("block-sparse", spec, causal))
+
+
+def describe() -> str:
+    return "\n".join(f"{v.name:<16} {v.help}" for v in sorted(REGISTRY.values(), key=lambda v: v.name))
+
+
+def config_json(built: Built) -> str:
+    return json.dumps(built.config, sort_keys=True)

@@ -1,0 +1,157 @@
+"""The run store: schema, migrations, writing, Parquet round trip, and two
+real processes (a sweep writing, a reader reading) not blocking each other."""
+
+import contextlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+from dilcompile import store  # noqa: E402
+from dilcompile.store import schema  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# DESIGN.md "Run store": the columns the runs view must expose.
+DESIGN_COLUMNS = """run_id started_at sweep_id variant impl mode compiled pass device device_kind dtype batch
+seq_len heads head_dim causal config latency_ms latency_p20_ms latency_p80_ms tokens_per_s useful_tflops efficiency
+peak_mem_bytes compile_s graph_breaks recompiles energy_j avg_power_w telemetry_status status error torch_version
+triton_version cuda_version driver_version git_sha hostname""".split()
+TELEMETRY_COLUMNS = "run_id t_s power_w sm_clock_mhz mem_clock_mhz temp_c gpu_util_pct mem_util_pct throttle_reasons".split()
+
+
+def _row(run_id, sweep_id="s1", **kw):
+    return {"run_id": run_id, "sweep_id": sweep_id, "variant": "sdpa", "pass": "fwd", "seq_len": 128,
+            "latency_ms": 1.5, "status": "ok", **kw}
+
+
+def test_new_store_has_schema_and_view(tmp_path):
+    db = tmp_path / "sub" / "runs.duckdb"
+    with contextlib.closing(store.connect(db)) as con:
+        assert schema.file_version(con) == schema.SCHEMA_VERSION
+        assert set(DESIGN_COLUMNS) <= set(schema.columns(con, "runs"))
+        assert set(TELEMETRY_COLUMNS) <= set(schema.columns(con, "telemetry"))
+    names, rows = store.query(db, "SELECT count(*) FROM runs")
+    assert rows == [(0,)]
+
+
+def test_migration_upgrades_in_place_and_keeps_rows(tmp_path, monkeypatch):
+    db = tmp_path / "runs.duckdb"
+    w = store.RunWriter(db, {"sweep_id": "s1", "hostname": "h"})
+    w.write(_row("r1"))
+    w.close()
+    latest = max(schema.MIGRATIONS)
+    monkeypatch.setitem(schema.MIGRATIONS, latest + 1,
+                        ["ALTER TABLE measurements ADD COLUMN flash_version VARCHAR",
+                         "UPDATE measurements SET flash_version = 'n/a'"])
+    with contextlib.closing(store.connect(db)) as con:
+        assert schema.file_version(con) == latest + 1
+        assert con.execute("SELECT run_id, flash_version, hostname FROM runs").fetchall() == [("r1", "n/a", "h")]
+    monkeypatch.delitem(schema.MIGRATIONS, latest + 1)
+    with pytest.raises(store.StoreError, match="newer"):
+        store.connect(db, read_only=True)
+    with pytest.raises(RuntimeError, match="newer"):
+        store.connect(db)
+
+
+def test_writer_query_export_import_roundtrip(tmp_path):
+    db, other = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    w = store.RunWriter(db, {"sweep_id": "s1", "sweep_kind": "profile", "torch_version": "2.x"})
+    w.write(_row("r1", device_kind="cpu"), [{"t_s": 0.0, "cpu_util_pct": 50.0}, {"t_s": 0.1, "cpu_util_pct": 70.0}])
+    w.write(_row("r2", device_kind="cuda", seq_len=256), [{"t_s": 0.0, "power_w": 300.0, "throttle_reasons": 4}])
+    w.close()
+    names, rows = store.query(db, "SELECT run_id, seq_len, torch_version FROM runs ORDER BY run_id")
+    assert names == ["run_id", "seq_len", "torch_version"]
+    assert rows == [("r1", 128, "2.x"), ("r2", 256, "2.x")]
+
+    counts = store.export_parquet(db, tmp_path / "all")
+    assert counts == {"sweeps": 1, "measurements": 2, "telemetry": 3}
+    assert store.export_parquet(db, tmp_path / "gpu", where="device_kind = 'cuda'")["telemetry"] == 1
+    assert store.import_parquet(other, [tmp_path / "gpu"]) == 1
+    assert store.import_parquet(other, [tmp_path / "all", tmp_path / "all"]) == 1  # r2 already there
+    _, rows = store.query(other, "SELECT run_id, count(t.run_id) FROM runs LEFT JOIN telemetry t USING (run_id) "
+                                 "GROUP BY ALL ORDER BY 1")
+    assert rows == [("r1", 2), ("r2", 1)]
+    with contextlib.closing(store.open_parquet([tmp_path / "all"])) as con:
+        assert con.execute("SELECT count(*) FROM runs WHERE torch_version = '2.x'").fetchone() == (2,)
+    with pytest.raises(store.StoreError, match="measurements.parquet"):
+        store.import_parquet(other, [tmp_path])
+
+
+def test_unwritable_and_missing_paths_are_clear(tmp_path):
+    with pytest.raises(store.StoreError, match="no run store"):
+        store.connect(tmp_path / "missing.duckdb", read_only=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(store.StoreError, match="--db"):
+        store.connect(tmp_path / "file" / "runs.duckdb")
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    from dilcompile import store
+    db, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "many":  # a sweep: one short transaction per run
+        w = store.RunWriter(db, {"sweep_id": "child"}, timeout=60)
+        for i in range(n):
+            assert w.write({"run_id": f"c{i}", "sweep_id": "child", "status": "ok"})
+        w.close()
+        print("done", flush=True)
+    else:  # the parent holds a reader open: rows wait in memory, land when it closes
+        w = store.RunWriter(db, {"sweep_id": "child"}, timeout=0.2)
+        print("pending" if not w.write({"run_id": "c0", "sweep_id": "child", "status": "ok"}) else "written",
+              flush=True)
+        sys.stdin.readline()
+        w.close()
+        print(f"written {w.written}", flush=True)
+""")
+
+
+def _spawn(db, mode, n):
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(db), mode, str(n)], cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_sweep_and_reader_processes_do_not_block_each_other(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    store.connect(db).close()
+    child = _spawn(db, "many", 12)
+    reads, seen = 0, 0
+    while child.poll() is None:  # read while the other process writes
+        _, rows = store.query(db, "SELECT count(*) FROM runs")
+        seen = max(seen, rows[0][0])
+        reads += 1
+    out, err = child.communicate()
+    assert child.returncode == 0, err
+    assert out.strip() == "done"
+    assert reads > 0
+    assert store.query(db, "SELECT count(*) FROM runs")[1] == [(12,)]
+
+
+def test_reader_holding_the_file_delays_rows_but_loses_none(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    store.connect(db).close()
+    reader = store.connect(db, read_only=True)
+    child = _spawn(db, "held", 1)
+    first = child.stdout.readline().strip()
+    reader.close()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    out, err = child.communicate()
+    assert child.returncode == 0, err
+    assert first == "pending"
+    assert out.strip() == "written 1"
+    assert store.query(db, "SELECT run_id FROM runs")[1] == [("c0",)]
+
+
+def test_telemetry_rows_with_different_readings_keep_them_all(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    w = store.RunWriter(db, {"sweep_id": "s1"})
+    w.write(_row("r1"), [{"t_s": 0.0, "power_w": 200.0}, {"t_s": 0.02, "power_w": 210.0, "cpu_util_pct": 55.0}])
+    w.close()
+    assert store.query(db, "SELECT t_s, power_w, cpu_util_pct FROM telemetry ORDER BY t_s")[1] == [
+        (0.0, 200.0, None), (0.02, 210.0, 55.0)]
