@@ -1,0 +1,26 @@
+"""Streamlit entry point: ``dilcompile dashboard`` (or ``streamlit run dashboard/app.py``).
+
+The store to read comes from ``$DILCOMPILE_DB`` (default ``runs/dilcompile.duckdb``).
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # streamlit puts only this folder on sys.path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+st.set_page_config(page_title="dilcompile runs", page_icon="📈", layout="wide")
+
+PAGES = [
+    st.Page("pages/overview.py", title="Overview", icon="🏠", default=True),
+    st.Page("pages/compare.py", title="Compare", icon="📊"),
+    st.Page("pages/run.py", title="Run", icon="🔎"),
+    st.Page("pages/patterns.py", title="Patterns", icon="🧩"),
+    st.Page("pages/regressions.py", title="Regressions", icon="⚖️"),
+    st.Page("pages/sql.py", title="SQL", icon="🗄️"),
+]
+
+st.navigation(PAGES).run()

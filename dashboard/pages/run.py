@@ -1,0 +1,69 @@
+"""Run: one run's configuration, environment, telemetry and energy."""
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import figures, ui
+
+ENV = ["device", "device_kind", "hostname", "cpu_model", "sm_count", "torch_threads", "torch_version",
+       "triton_version", "cuda_version", "driver_version", "python_version", "dilcompile_version", "git_sha",
+       "git_dirty", "device_uuid"]
+SHAPE = ["variant", "impl", "mode", "compiled", "pass", "dtype", "batch", "seq_len", "heads", "head_dim", "causal",
+         "warmup", "repeats", "tag"]
+RESULT = ["status", "latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms", "tokens_per_s",
+          "useful_tflops", "efficiency", "peak_mem_mib", "compile_s", "graph_breaks", "recompiles"]
+
+
+def _kv(row: pd.Series, keys) -> pd.DataFrame:
+    return pd.DataFrame({"field": keys, "value": ["" if pd.isna(row.get(k)) else str(row.get(k)) for k in keys]})
+
+
+src = ui.header("Run", "One measured point: what ran, where, what it measured and the telemetry of its timed window.")
+if src is not None:
+    df = ui.runs(src.snapshot).sort_values("started_at", ascending=False)
+    label = ui.sweep_label(df)
+    sweeps = list(dict.fromkeys(df["sweep_id"]))
+    c1, c2 = st.columns(2)
+    sweep = c1.selectbox("sweep", sweeps, format_func=label, key="run_sweep")
+    in_sweep = df[df["sweep_id"] == sweep]
+    names = {r["run_id"]: f"{r['variant']}{' (compiled)' if r['compiled'] else ''} · {r['dtype']} · {r['pass']} · "
+                          f"N={r['seq_len']} · {r['status']}" for _, r in in_sweep.iterrows()}
+    run_id = c2.selectbox("run", list(names), format_func=names.get, key="run_id")
+    row = in_sweep[in_sweep["run_id"] == run_id].iloc[0]
+
+    if row["status"] != "ok":
+        st.error(f"status {row['status']}: {row['error'] or 'no message recorded'}")
+    m = st.columns(5)
+    m[0].metric("latency (median)", f"{row['latency_ms']:.4g} ms" if pd.notna(row["latency_ms"]) else "-")
+    m[1].metric("tokens/s", f"{row['tokens_per_s']:.4g}" if pd.notna(row["tokens_per_s"]) else "-")
+    m[2].metric("η", f"{row['efficiency']:.3f}" if pd.notna(row["efficiency"]) else "-")
+    m[3].metric("energy per call", f"{row['energy_j']:.4g} J" if pd.notna(row["energy_j"]) else "-",
+                help="from the GPU's total-energy counter over the timed window; CPU runs have none")
+    m[4].metric("average power", f"{row['avg_power_w']:.4g} W" if pd.notna(row["avg_power_w"]) else "-")
+
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        st.markdown("**Configuration**")
+        st.dataframe(_kv(row, SHAPE), hide_index=True, width="stretch")
+        try:
+            st.json(json.loads(row["config"]) if row["config"] else {}, expanded=True)
+        except ValueError:
+            st.code(row["config"])
+    with c2:
+        st.markdown("**Result**")
+        st.dataframe(_kv(row, RESULT), hide_index=True, width="stretch")
+    with c3:
+        st.markdown("**Environment**")
+        st.dataframe(_kv(row, ENV), hide_index=True, width="stretch")
+
+    st.subheader("Telemetry")
+    st.caption(f"telemetry status: {row['telemetry_status'] or '-'}"
+               + (f" · throttle reasons seen: {', '.join(figures.throttle_names(row['throttle_reasons']))}"
+                  if figures.throttle_names(row["throttle_reasons"]) else ""))
+    samples = ui.telemetry(src.snapshot, run_id)
+    st.plotly_chart(figures.telemetry_figure(samples), width="stretch", key="run_telemetry")
+    if not samples.empty:
+        with st.expander(f"{len(samples)} samples"):
+            st.dataframe(samples.drop(columns="run_id"), hide_index=True, width="stretch")
