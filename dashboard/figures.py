@@ -78,7 +78,7 @@ def telemetry_figure(samples: pd.DataFrame) -> go.Figure:
     ]
     rows = [(t, [c for c in cols if c in samples and samples[c].notna().any()]) for t, cols in panels]
     rows = [(t, cols) for t, cols in rows if cols]
-    has_throttle = "throttle_reasons" in samples and samples["throttle_reasons"].notna().any()
+    has_throttle = bool("throttle_reasons" in samples and samples["throttle_reasons"].notna().any())
     if samples.empty or (not rows and not has_throttle):
         return empty_figure("no telemetry samples for this run")
     n = len(rows) + has_throttle
