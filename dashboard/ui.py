@@ -72,3 +72,16 @@ def multiselect_all(label: str, options, key: str):
     options = [o for o in options if o is not None and not (isinstance(o, float) and pd.isna(o))]
     chosen = st.multiselect(label, options, default=options, key=key)
     return chosen or options
+
+
+def pick(container, label: str, ids: list, fmt, key: str, index: int = 0):
+    """A selectbox showing ``fmt(id)`` that returns the id. Options are the shown
+    strings themselves (made unique), so the widget state is plain text."""
+    shown: dict[str, object] = {}
+    for i in ids:
+        text = fmt(i)
+        while text in shown:
+            text += " ·"
+        shown[text] = i
+    choice = container.selectbox(label, list(shown), index=min(index, max(len(shown) - 1, 0)), key=key)
+    return shown.get(choice)

@@ -17,8 +17,8 @@ if src is not None:
         st.info(f"Only {len(choices)} distinct {by.replace('_id', '')} value(s) in the store: record another "
                 "sweep (e.g. after a change, with `--tag`) to compare.")
     else:
-        a = c1.selectbox("A (baseline)", choices, index=1, format_func=fmt, key=f"reg_a_{by}")
-        b = c2.selectbox("B (candidate)", choices, index=0, format_func=fmt, key=f"reg_b_{by}")
+        a = ui.pick(c1, "A (baseline)", choices, fmt, key=f"reg_a_{by}", index=1)
+        b = ui.pick(c2, "B (candidate)", choices, fmt, key=f"reg_b_{by}", index=0)
         threshold = c3.number_input("threshold ×", min_value=1.01, max_value=10.0, value=1.10, step=0.05,
                                     key="reg_threshold")
         table = analysis.compare_runs(df[df[by] == a], df[df[by] == b], threshold)

@@ -26,11 +26,11 @@ if src is not None:
     label = ui.sweep_label(df)
     sweeps = list(dict.fromkeys(df["sweep_id"]))
     c1, c2 = st.columns(2)
-    sweep = c1.selectbox("sweep", sweeps, format_func=label, key="run_sweep")
+    sweep = ui.pick(c1, "sweep", sweeps, label, key="run_sweep")
     in_sweep = df[df["sweep_id"] == sweep]
     names = {r["run_id"]: f"{r['variant']}{' (compiled)' if r['compiled'] else ''} · {r['dtype']} · {r['pass']} · "
-                          f"N={r['seq_len']} · {r['status']}" for _, r in in_sweep.iterrows()}
-    run_id = c2.selectbox("run", list(names), format_func=names.get, key="run_id")
+                          f"N={r['seq_len']} · {r['config_label']} · {r['status']}" for _, r in in_sweep.iterrows()}
+    run_id = ui.pick(c2, "run", list(names), names.get, key=f"run_id_{sweep}")
     row = in_sweep[in_sweep["run_id"] == run_id].iloc[0]
 
     if row["status"] != "ok":
