@@ -40,6 +40,20 @@ def empty_figure(message: str) -> go.Figure:
     return fig
 
 
+_DIMS = {"dtype": str, "pass": str, "causal": lambda v: "causal" if v else "non-causal",
+         "batch": lambda v: f"B={v}", "heads": lambda v: f"H={v}", "head_dim": lambda v: f"D={v}"}
+
+
+def line_labels(df: pd.DataFrame, facet: str | None = None) -> pd.Series:
+    """The series name plus whatever else varies in ``df`` (dtype, pass, causality, shape)
+    and is not the panel: one line is one curve, never a zig-zag across dtypes."""
+    dims = [c for c in _DIMS if c in df and c != facet and df[c].nunique(dropna=False) > 1]
+    labels = df["series"].astype(str)
+    for c in dims:
+        labels = labels + " · " + df[c].map(_DIMS[c])
+    return labels
+
+
 def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device", log_y: bool = True) -> go.Figure:
     """``metric`` against seq_len (log x), one line per series, one panel per ``facet`` value.
 
@@ -53,14 +67,14 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
     data = df.dropna(subset=[metric]) if metric in df else df.iloc[0:0]
     if data.empty:
         return empty_figure(f"no runs with {title} in this selection")
-    data = data.sort_values(["series", "seq_len"])
+    data = data.assign(line=line_labels(data, facet)).sort_values(["line", "seq_len"])
     hover = [c for c in ("dtype", "pass", "causal", "batch", "heads", "head_dim", "config_label", "latency_p20_ms",
                          "latency_p80_ms", "status") if c in data]
     positive = bool((data[metric] > 0).all())
-    fig = px.line(data, x="seq_len", y=metric, color="series", facet_col=facet if facet else None,
+    fig = px.line(data, x="seq_len", y=metric, color="line", facet_col=facet if facet else None,
                   facet_col_wrap=3 if facet else 0, markers=True, log_x=True, log_y=log_y and positive,
                   hover_data=hover, template=TEMPLATE,
-                  labels={"seq_len": "sequence length N", metric: title, "series": "variant"})
+                  labels={"seq_len": "sequence length N", metric: title, "line": "variant"})
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "device=X" → "X"
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
                       legend={"orientation": "h", "y": -0.18}, margin={"t": 40})
@@ -108,6 +122,7 @@ def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
                      template=TEMPLATE, labels={"ratio": "B latency ÷ A latency", "seq_len": "sequence length N"})
     fig.add_hrect(y0=1 / threshold, y1=threshold, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
+    fig.update_yaxes(dtick="D2")  # log axis: label 2 and 5 between decades, not every minor tick
     fig.update_layout(height=420, legend={"orientation": "h", "y": -0.2}, margin={"t": 30})
     return fig
 

@@ -10,14 +10,22 @@ from dashboard import figures, ui
 ENV = ["device", "device_kind", "hostname", "cpu_model", "sm_count", "torch_threads", "torch_version",
        "triton_version", "cuda_version", "driver_version", "python_version", "dilcompile_version", "git_sha",
        "git_dirty", "device_uuid"]
-SHAPE = ["variant", "impl", "mode", "compiled", "pass", "dtype", "batch", "seq_len", "heads", "head_dim", "causal",
+SHAPE = ["run_id", "variant", "impl", "mode", "compiled", "pass", "dtype", "batch", "seq_len", "heads", "head_dim", "causal",
          "warmup", "repeats", "tag"]
 RESULT = ["status", "latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms", "tokens_per_s",
           "useful_tflops", "efficiency", "peak_mem_mib", "compile_s", "graph_breaks", "recompiles"]
 
 
+def _text(value) -> str:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _kv(row: pd.Series, keys) -> pd.DataFrame:
-    return pd.DataFrame({"field": keys, "value": ["" if pd.isna(row.get(k)) else str(row.get(k)) for k in keys]})
+    return pd.DataFrame({"field": keys, "value": [_text(row.get(k)) for k in keys]})
 
 
 src = ui.header("Run", "One measured point: what ran, where, what it measured and the telemetry of its timed window.")
@@ -47,10 +55,7 @@ if src is not None:
     with c1:
         st.markdown("**Configuration**")
         st.dataframe(_kv(row, SHAPE), hide_index=True, width="stretch")
-        try:
-            st.json(json.loads(row["config"]) if row["config"] else {}, expanded=True)
-        except ValueError:
-            st.code(row["config"])
+        st.code(row["config"] or "{}", language="json")
     with c2:
         st.markdown("**Result**")
         st.dataframe(_kv(row, RESULT), hide_index=True, width="stretch")

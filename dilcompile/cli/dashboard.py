@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 def streamlit_command(app: Path, address: str, port: int) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", address,
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none", "--global.developmentMode", "false"]
+            "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
 def _port_free(address: str, port: int) -> bool:
