@@ -122,7 +122,10 @@ def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
                      template=TEMPLATE, labels={"ratio": "B latency ÷ A latency", "seq_len": "sequence length N"})
     fig.add_hrect(y0=1 / threshold, y1=threshold, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
-    fig.update_yaxes(dtick="D2")  # log axis: label 2 and 5 between decades, not every minor tick
+    lo, hi = min(float(data["ratio"].min()), 1 / threshold), max(float(data["ratio"].max()), threshold)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if lo / 2 <= t <= hi * 2]  # log axis: 1-2-5 labels, never bare minor digits
+    fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
     fig.update_layout(height=420, legend={"orientation": "h", "y": -0.2}, margin={"t": 30})
     return fig
 
@@ -159,5 +162,6 @@ def density_bar(densities, title: str = "density per head") -> go.Figure:
     """Bar chart of per-head density (attended pairs with multiplicity ÷ N²)."""
     fig = go.Figure(go.Bar(x=list(range(len(densities))), y=list(densities)))
     fig.update_layout(template=TEMPLATE, title=title, height=260, xaxis_title="head", yaxis_title="density",
+                      xaxis_dtick=1,
                       yaxis_tickformat=".1%", margin={"t": 50})
     return fig

@@ -24,8 +24,10 @@ def _text(value) -> str:
     return str(value)
 
 
-def _kv(row: pd.Series, keys) -> pd.DataFrame:
-    return pd.DataFrame({"field": keys, "value": [_text(row.get(k)) for k in keys]})
+def _kv(row: pd.Series, keys) -> None:
+    """A field/value table tall enough to show every row (no inner scrollbar)."""
+    table = pd.DataFrame({"field": keys, "value": [_text(row.get(k)) for k in keys]})
+    st.dataframe(table, hide_index=True, width="stretch", height=35 * (len(keys) + 1) + 3)
 
 
 src = ui.header("Run", "One measured point: what ran, where, what it measured and the telemetry of its timed window.")
@@ -54,17 +56,18 @@ if src is not None:
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Configuration**")
-        st.dataframe(_kv(row, SHAPE), hide_index=True, width="stretch")
-        st.code(row["config"] or "{}", language="json")
+        _kv(row, SHAPE)
+        st.code(row["config"] or "{}", language="json", wrap_lines=True)
     with c2:
         st.markdown("**Result**")
-        st.dataframe(_kv(row, RESULT), hide_index=True, width="stretch")
+        _kv(row, RESULT)
     with c3:
         st.markdown("**Environment**")
-        st.dataframe(_kv(row, ENV), hide_index=True, width="stretch")
+        _kv(row, ENV)
 
     st.subheader("Telemetry")
-    st.caption(f"telemetry status: {row['telemetry_status'] or '-'}"
+    st.caption(f"GPU telemetry: {row['telemetry_status'] or '-'} · host CPU utilisation and clock are sampled on "
+               "every run"
                + (f" · throttle reasons seen: {', '.join(figures.throttle_names(row['throttle_reasons']))}"
                   if figures.throttle_names(row["throttle_reasons"]) else ""))
     samples = ui.telemetry(src.snapshot, run_id)

@@ -81,7 +81,8 @@ def test_click_through_every_page(server):
     shots = os.environ.get("DILCOMPILE_SCREENSHOTS")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        # Streamlit scrolls inside its main pane, so a screenshot shows one viewport: make it tall.
+        page = browser.new_page(viewport={"width": 1440, "height": 2400 if shots else 1000})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(server)
@@ -100,6 +101,7 @@ def test_click_through_every_page(server):
             assert page.get_by_test_id("stException").count() == 0, f"{title}: {page.get_by_test_id('stException').first.inner_text()}"
             if shots:
                 Path(shots).mkdir(parents=True, exist_ok=True)
+                page.wait_for_timeout(1000)  # screenshots only: let Plotly finish drawing
                 page.screenshot(path=str(Path(shots) / f"{PAGES.index(title)}-{title.lower()}.png"), full_page=True)
         # A write on the SQL page is refused, and the store is untouched.
         box = page.get_by_label("query (Ctrl+Enter runs it)")
