@@ -15,12 +15,12 @@ import streamlit as st  # noqa: E402
 st.set_page_config(page_title="dilcompile runs", page_icon=":material/show_chart:", layout="wide")
 
 PAGES = [
-    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
-    st.Page("pages/compare.py", title="Compare", icon=":material/show_chart:"),
-    st.Page("pages/run.py", title="Run", icon=":material/search:"),
-    st.Page("pages/patterns.py", title="Patterns", icon=":material/grid_on:"),
-    st.Page("pages/regressions.py", title="Regressions", icon=":material/compare_arrows:"),
-    st.Page("pages/sql.py", title="SQL", icon=":material/database:"),
+    st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True),
+    st.Page("views/compare.py", title="Compare", icon=":material/show_chart:"),
+    st.Page("views/run.py", title="Run", icon=":material/search:"),
+    st.Page("views/patterns.py", title="Patterns", icon=":material/grid_on:"),
+    st.Page("views/regressions.py", title="Regressions", icon=":material/compare_arrows:"),
+    st.Page("views/sql.py", title="SQL", icon=":material/database:"),
 ]
 
 st.navigation(PAGES).run()

@@ -122,10 +122,13 @@ def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
                      template=TEMPLATE, labels={"ratio": "B latency ÷ A latency", "seq_len": "sequence length N"})
     fig.add_hrect(y0=1 / threshold, y1=threshold, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
-    lo, hi = min(float(data["ratio"].min()), 1 / threshold), max(float(data["ratio"].max()), threshold)
-    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
-    ticks = [t for t in ticks if lo / 2 <= t <= hi * 2]  # log axis: 1-2-5 labels, never bare minor digits
-    fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
+    lo, hi = min(float(data["ratio"].min()), 1 / threshold) / 1.1, max(float(data["ratio"].max()), threshold) * 1.1
+    # log axis: label round ratios (denser when the range is narrow), never bare minor digits
+    mantissas = (1, 2, 5) if hi / lo > 4 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in mantissas]
+    ticks = sorted({t for t in ticks if lo <= t <= hi} | {1.0})
+    fig.update_yaxes(range=[math.log10(lo), math.log10(hi)], tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
     fig.update_layout(height=420, legend={"orientation": "h", "y": -0.2}, margin={"t": 30})
     return fig
 

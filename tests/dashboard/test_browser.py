@@ -103,6 +103,13 @@ def test_click_through_every_page(server):
                 Path(shots).mkdir(parents=True, exist_ok=True)
                 page.wait_for_timeout(1000)  # screenshots only: let Plotly finish drawing
                 page.screenshot(path=str(Path(shots) / f"{PAGES.index(title)}-{title.lower()}.png"), full_page=True)
+        # A deep link opens its page inside the app (titles in the nav, not file names).
+        page.goto(f"{server}/compare")
+        _settle(page, "Compare")
+        assert page.get_by_test_id("stSidebarNav").get_by_role("link", name="Regressions").count() == 1
+        page.goto(f"{server}/sql")
+        _settle(page, "SQL")
+        page.get_by_test_id("stDataFrame").first.wait_for(timeout=60_000)
         # A write on the SQL page is refused, and the store is untouched.
         box = page.get_by_label("query (Ctrl+Enter runs it)")
         box.fill("DROP TABLE measurements")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -182,3 +183,25 @@ def test_sql_sandbox_reads_and_refuses(snapshot, tmp_path):
 def test_sql_timeout_interrupts(snapshot):
     with pytest.raises(sqlrun.QueryRefused, match="longer than 0.2 s"):
         sqlrun.run_query(snapshot, "SELECT count(*) FROM range(1000000000000) a", timeout_s=0.2)
+
+
+def test_snapshot_follows_new_rows(sweep_db, tmp_path, monkeypatch):
+    """A row written after a snapshot shows up in the next one (keyed by the file's
+    modification time); the older snapshot of that store is cleaned up."""
+    import shutil
+
+    from dilcompile.store import RunWriter, query
+
+    monkeypatch.setattr(data, "SNAPSHOT_DIR", tmp_path / "snapshots")
+    db = str(tmp_path / "copy.duckdb")
+    shutil.copy(sweep_db, db)
+    first, n = data.snapshot_store(db)
+    names, rows = query(db, "SELECT * FROM measurements LIMIT 1")
+    row = dict(zip(names, rows[0]), run_id="extra-run", tag="extra")
+    _, sweep_rows = query(db, f"SELECT * FROM sweeps WHERE sweep_id = '{row['sweep_id']}'")
+    sweep_names, _ = query(db, "SELECT * FROM sweeps LIMIT 0")
+    writer = RunWriter(db, dict(zip(sweep_names, sweep_rows[0])))
+    assert writer.write(row)
+    second, m = data.snapshot_store(db)
+    assert m == n + 1 and second != first and not Path(first).exists()
+    assert data.read_sql(second, "SELECT count(*) AS n FROM runs WHERE tag = 'extra'")["n"][0] == 1

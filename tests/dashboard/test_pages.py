@@ -13,7 +13,7 @@ APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 
 def _page(name: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
-    at.switch_page(f"pages/{name}.py")
+    at.switch_page(f"views/{name}.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
