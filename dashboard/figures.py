@@ -32,6 +32,18 @@ def throttle_names(mask) -> list[str]:
     return names + ([f"other (0x{rest:x})"] if rest else [])
 
 
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Round tick values for a log axis over [lo, hi] (1-2-5 per decade; denser when the
+    range is narrow), so labels read 50 and 0.2 rather than Plotly's bare minor digits."""
+    if not (lo > 0 and hi > 0):
+        return []
+    lo, hi = min(lo, hi), max(lo, hi)
+    mantissas = (1, 2, 5) if hi / lo > 4 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in mantissas]
+    return [t for t in ticks if lo <= t <= hi]
+
+
 def empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
@@ -76,6 +88,11 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
                   hover_data=hover, template=TEMPLATE,
                   labels={"seq_len": "sequence length N", metric: title, "line": "variant"})
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "device=X" → "X"
+    if log_y and positive:
+        lo, hi = float(data[metric].min()), float(data[metric].max())
+        ticks = log_ticks(lo / 1.3, hi * 1.3)
+        if len(ticks) >= 2:
+            fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
                       legend={"orientation": "h", "y": -0.18}, margin={"t": 40})
     return fig
@@ -123,11 +140,7 @@ def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
     fig.add_hrect(y0=1 / threshold, y1=threshold, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
     lo, hi = min(float(data["ratio"].min()), 1 / threshold) / 1.1, max(float(data["ratio"].max()), threshold) * 1.1
-    # log axis: label round ratios (denser when the range is narrow), never bare minor digits
-    mantissas = (1, 2, 5) if hi / lo > 4 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
-    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
-             for m in mantissas]
-    ticks = sorted({t for t in ticks if lo <= t <= hi} | {1.0})
+    ticks = sorted(set(log_ticks(lo, hi)) | {1.0})
     fig.update_yaxes(range=[math.log10(lo), math.log10(hi)], tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
     fig.update_layout(height=420, legend={"orientation": "h", "y": -0.2}, margin={"t": 30})
     return fig

@@ -205,3 +205,9 @@ def test_snapshot_follows_new_rows(sweep_db, tmp_path, monkeypatch):
     second, m = data.snapshot_store(db)
     assert m == n + 1 and second != first and not Path(first).exists()
     assert data.read_sql(second, "SELECT count(*) AS n FROM runs WHERE tag = 'extra'")["n"][0] == 1
+
+
+def test_log_ticks_are_round_and_cover_the_range():
+    assert figures.log_ticks(0.03, 400) == [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200]
+    assert figures.log_ticks(0.9, 1.3) == [1, 1.1, 1.25]
+    assert figures.log_ticks(0, 1) == []
