@@ -111,22 +111,25 @@ def _write_snapshot(tables: dict, name: str) -> str:
     return str(final)
 
 
-def _name(source: str, key: tuple) -> str:
+def _name(source: str, tables: dict) -> str:
+    """``<source hash>-<content hash>``: runs are append-only rows keyed by run_id, so the
+    set of run ids plus the table sizes identify what a snapshot holds. (Naming by the
+    file's modification time instead would race a commit landing between stat and read.)"""
     src = hashlib.sha1(source.encode()).hexdigest()[:12]
-    return f"{src}-{hashlib.sha1(repr(key).encode()).hexdigest()[:12]}"
+    content = hashlib.sha1()
+    for run_id in sorted(str(r) for r in tables["measurements"].column("run_id").to_pylist()):
+        content.update(run_id.encode() + b"\n")
+    content.update(repr(sorted((t, a.num_rows) for t, a in tables.items())).encode())
+    return f"{src}-{content.hexdigest()[:16]}"
 
 
-def snapshot_store(db: str, key: tuple | None = None) -> tuple[str | None, int]:
+def snapshot_store(db: str) -> tuple[str | None, int]:
     """(snapshot path, number of runs) of the store at ``db``; (None, 0) if it holds no runs."""
-    key = file_key(db) if key is None else key
     with contextlib.closing(connect(db, read_only=True, timeout=20.0)) as con:
         tables = _copy_out(con)
-    if "measurements" not in tables or tables["measurements"].num_rows == 0:
-        return None, 0
-    for t in TABLES:  # an old or partial file: give the view every table it joins
-        if t not in tables:
-            return None, 0
-    return _write_snapshot(tables, _name(os.path.abspath(db), key)), tables["measurements"].num_rows
+    if any(t not in tables for t in TABLES) or tables["measurements"].num_rows == 0:
+        return None, 0  # no runs yet (or a file some other tool made)
+    return _write_snapshot(tables, _name(os.path.abspath(db), tables)), tables["measurements"].num_rows
 
 
 def snapshot_reference(folders) -> str | None:
@@ -136,7 +139,7 @@ def snapshot_reference(folders) -> str | None:
         return None
     with contextlib.closing(open_parquet(folders)) as con:
         tables = _copy_out(con)
-    return _write_snapshot(tables, _name("reference:" + "|".join(folders), folders_key(folders)))
+    return _write_snapshot(tables, _name("reference:" + "|".join(folders), tables))
 
 
 def resolve(db: str | None = None) -> Source:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -17,7 +19,12 @@ def _resolve(db: str, db_key: tuple, ref_key: tuple) -> data.Source:
 def source() -> data.Source:
     """The current source; re-snapshots only when the store file's modification time changes."""
     db = data.db_path()
-    return _resolve(db, data.file_key(db), data.folders_key(data.reference_folders()))
+    keys = (db, data.file_key(db), data.folders_key(data.reference_folders()))
+    src = _resolve(*keys)
+    if src.snapshot and not Path(src.snapshot).exists():  # replaced by a newer one (another session)
+        _resolve.clear()
+        src = _resolve(*keys)
+    return src
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import duckdb
@@ -211,3 +212,40 @@ def test_log_ticks_are_round_and_cover_the_range():
     assert figures.log_ticks(0.03, 400) == [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200]
     assert figures.log_ticks(0.9, 1.3) == [1, 1.1, 1.25]
     assert figures.log_ticks(0, 1) == []
+
+
+WRITER = """
+import sys
+from dilcompile.store import RunWriter, query
+db, n = sys.argv[1], int(sys.argv[2])
+names, rows = query(db, "SELECT * FROM measurements LIMIT 1")
+snames, srows = query(db, "SELECT * FROM sweeps LIMIT 1")
+w = RunWriter(db, dict(zip(snames, srows[0])), timeout=60)
+for i in range(n):
+    w.write(dict(zip(names, rows[0]), run_id=f"concurrent-{i}", tag="concurrent"))
+w.close()
+print("wrote", w.written)
+"""
+
+
+def test_snapshots_while_a_writer_commits(sweep_db, tmp_path, monkeypatch):
+    """The dashboard's reads and a sweep's per-point commits interleave on one file:
+    the writer loses no row and every snapshot is a consistent store."""
+    import shutil
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(data, "SNAPSHOT_DIR", tmp_path / "snapshots")
+    db = str(tmp_path / "live.duckdb")
+    shutil.copy(sweep_db, db)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, db, "40"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    seen = []
+    while proc.poll() is None:
+        snap, n = data.snapshot_store(db)
+        seen.append(n)
+        assert data.read_sql(snap, "SELECT count(*) AS n FROM runs")["n"][0] == n
+    out = proc.stdout.read()
+    assert proc.returncode == 0 and "wrote 40" in out, out
+    assert seen and seen == sorted(seen) and data.snapshot_store(db)[1] == 12 + 40
