@@ -38,10 +38,16 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     if not (lo > 0 and hi > 0):
         return []
     lo, hi = min(lo, hi), max(lo, hi)
-    mantissas = (1, 2, 5) if hi / lo > 4 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
+    span = hi / lo
+    mantissas = (1, 2, 5) if span > 30 else (1, 1.5, 2, 3, 5, 7) if span > 3 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
     ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
              for m in mantissas]
     return [t for t in ticks if lo <= t <= hi]
+
+
+def _short(n: int) -> str:
+    """16384 -> "16k", 1000 -> "1000", 97 -> "97" (powers of two read as k)."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def empty_figure(message: str) -> go.Figure:
@@ -88,9 +94,12 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
                   hover_data=hover, template=TEMPLATE,
                   labels={"seq_len": "sequence length N", metric: title, "line": "variant"})
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "device=X" → "X"
+    lengths = sorted(int(v) for v in data["seq_len"].unique())
+    if len(lengths) <= 10:  # label the measured lengths themselves: 4k, 16k, 64k
+        fig.update_xaxes(tickvals=lengths, ticktext=[_short(n) for n in lengths])
     if log_y and positive:
         lo, hi = float(data[metric].min()), float(data[metric].max())
-        ticks = log_ticks(lo / 1.3, hi * 1.3)
+        ticks = log_ticks(lo, hi)
         if len(ticks) >= 2:
             fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,

@@ -249,3 +249,10 @@ def test_snapshots_while_a_writer_commits(sweep_db, tmp_path, monkeypatch):
     out = proc.stdout.read()
     assert proc.returncode == 0 and "wrote 40" in out, out
     assert seen and seen == sorted(seen) and data.snapshot_store(db)[1] == 12 + 40
+
+
+def test_seq_len_axis_labels_the_measured_lengths(runs):
+    points = analysis.latest(runs).copy()
+    points["seq_len"] = points["seq_len"].map({48: 16384, 96: 1000})
+    fig = figures.metric_vs_seq_len(points, "tokens_per_s", facet=None)
+    assert list(fig.layout.xaxis.tickvals) == [1000, 16384] and list(fig.layout.xaxis.ticktext) == ["1000", "16k"]
