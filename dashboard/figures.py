@@ -99,7 +99,7 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
         fig.update_xaxes(tickvals=lengths, ticktext=[_short(n) for n in lengths])
     if log_y and positive:
         lo, hi = float(data[metric].min()), float(data[metric].max())
-        ticks = log_ticks(lo, hi)
+        ticks = log_ticks(lo / 1.5, hi * 1.5)  # ticks just outside the data are clipped by the axis range
         if len(ticks) >= 2:
             fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
