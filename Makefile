@@ -1,5 +1,6 @@
 # Two entry points, each doing all of its own set-up on a fresh machine:
-#   make run   — the main job: a short standard sweep on this device into runs/dilcompile.duckdb, printed as a table
+#   make run   — the main job: a short standard sweep on this device into runs/dilcompile.duckdb,
+#                printed as a table, then the dashboard on http://127.0.0.1:8501
 #   make test  — the full test suite
 PYTHON ?= python3
 VENV := .venv
@@ -7,8 +8,9 @@ BIN := $(VENV)/bin
 # torch==2.13.0 resolves to the local CPU build on the development machines;
 # override with e.g. `make test TORCH=torch==2.11.0`.
 TORCH ?= torch==2.13.0
+PORT ?= 8501
 
-.PHONY: run test setup clean
+.PHONY: run test setup browser clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +24,23 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(BIN)/dilcompile profile --sweep scripts/sweeps/quick.toml --db runs/dilcompile.duckdb
+	@echo "opening the dashboard at http://127.0.0.1:$(PORT) (Ctrl+C stops it)"
+	$(BIN)/dilcompile dashboard --db runs/dilcompile.duckdb --port $(PORT)
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# The dashboard's browser test drives Debian's chromium through Playwright
+# (Playwright's own browser downloads are not used). Installed when missing and root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	      || echo "WARNING: apt-get install chromium failed: the dashboard browser test will be SKIPPED"; \
+	  else \
+	    echo "WARNING: no chromium and not root with apt-get: the dashboard browser test will be SKIPPED" \
+	         "(install the chromium package to run it)"; \
+	  fi; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

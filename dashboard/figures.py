@@ -1,0 +1,192 @@
+"""Plotly figure builders. Each takes plain data (DataFrames, ints, tensors) and
+returns a ``plotly.graph_objects.Figure``; nothing here imports Streamlit."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .analysis import METRICS
+
+TEMPLATE = "plotly_white"
+
+# NVML clock-event ("throttle") reason bits (nvmlClocksEventReasons*).
+THROTTLE_REASONS = {
+    0x1: "GPU idle", 0x2: "application clocks", 0x4: "SW power cap", 0x8: "HW slowdown",
+    0x10: "sync boost", 0x20: "SW thermal", 0x40: "HW thermal", 0x80: "HW power brake",
+    0x100: "display clocks",
+}
+
+
+def throttle_names(mask) -> list[str]:
+    """Names of the reason bits set in an NVML clock-event mask ([] for 0 / missing)."""
+    if mask is None or (isinstance(mask, float) and math.isnan(mask)) or pd.isna(mask):
+        return []
+    mask = int(mask)
+    names = [n for bit, n in THROTTLE_REASONS.items() if mask & bit]
+    rest = mask & ~sum(THROTTLE_REASONS)
+    return names + ([f"other (0x{rest:x})"] if rest else [])
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Round tick values for a log axis over [lo, hi] (1-2-5 per decade; denser when the
+    range is narrow), so labels read 50 and 0.2 rather than Plotly's bare minor digits."""
+    if not (lo > 0 and hi > 0):
+        return []
+    lo, hi = min(lo, hi), max(lo, hi)
+    span = hi / lo
+    mantissas = (1, 2, 5) if span > 30 else (1, 1.5, 2, 3, 5, 7) if span > 3 else (1, 1.1, 1.25, 1.5, 2, 3, 5, 7)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in mantissas]
+    return [t for t in ticks if lo <= t <= hi]
+
+
+def _short(n: int) -> str:
+    """16384 -> "16k", 1000 -> "1000", 97 -> "97" (powers of two read as k)."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def empty_figure(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font={"size": 14})
+    fig.update_layout(template=TEMPLATE, xaxis_visible=False, yaxis_visible=False, height=240)
+    return fig
+
+
+_DIMS = {"dtype": str, "pass": str, "causal": lambda v: "causal" if v else "non-causal",
+         "batch": lambda v: f"B={v}", "heads": lambda v: f"H={v}", "head_dim": lambda v: f"D={v}"}
+
+
+def line_labels(df: pd.DataFrame, facet: str | None = None) -> pd.Series:
+    """The series name plus whatever else varies in ``df`` (dtype, pass, causality, shape)
+    and is not the panel: one line is one curve, never a zig-zag across dtypes."""
+    dims = [c for c in _DIMS if c in df and c != facet and df[c].nunique(dropna=False) > 1]
+    labels = df["series"].astype(str)
+    for c in dims:
+        labels = labels + " · " + df[c].map(_DIMS[c])
+    return labels
+
+
+def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device", log_y: bool = True) -> go.Figure:
+    """``metric`` against seq_len (log x), one line per series, one panel per ``facet`` value.
+
+    ``df``: prepared runs (``analysis.prepare``), usually the latest run per point.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+    if facet is not None and facet not in ("device", "dtype", "pass", "causal"):
+        raise ValueError(f"facet must be device, dtype, pass, causal or None, got {facet!r}")
+    title, _ = METRICS[metric]
+    data = df.dropna(subset=[metric]) if metric in df else df.iloc[0:0]
+    if data.empty:
+        return empty_figure(f"no runs with {title} in this selection")
+    data = data.assign(line=line_labels(data, facet)).sort_values(["line", "seq_len"])
+    hover = [c for c in ("dtype", "pass", "causal", "batch", "heads", "head_dim", "config_label", "latency_p20_ms",
+                         "latency_p80_ms", "status") if c in data]
+    positive = bool((data[metric] > 0).all())
+    fig = px.line(data, x="seq_len", y=metric, color="line", facet_col=facet if facet else None,
+                  facet_col_wrap=3 if facet else 0, markers=True, log_x=True, log_y=log_y and positive,
+                  hover_data=hover, template=TEMPLATE,
+                  labels={"seq_len": "sequence length N", metric: title, "line": "variant"})
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "device=X" → "X"
+    lengths = sorted(int(v) for v in data["seq_len"].unique())
+    if len(lengths) <= 10:  # label the measured lengths themselves: 4k, 16k, 64k
+        fig.update_xaxes(tickvals=lengths, ticktext=[_short(n) for n in lengths])
+    if log_y and positive:
+        lo, hi = float(data[metric].min()), float(data[metric].max())
+        ticks = log_ticks(lo / 1.5, hi * 1.5)  # ticks just outside the data are clipped by the axis range
+        if len(ticks) >= 2:
+            fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
+    fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
+                      legend={"orientation": "h", "y": -0.18}, margin={"t": 40})
+    return fig
+
+
+def telemetry_figure(samples: pd.DataFrame) -> go.Figure:
+    """A run's telemetry samples against time: power, clocks, temperature, utilisation and
+    throttle reasons, one row per quantity that was recorded (GPU or host CPU)."""
+    panels = [
+        ("power (W)", ["power_w"]),
+        ("clock (MHz)", ["sm_clock_mhz", "mem_clock_mhz", "cpu_freq_mhz"]),
+        ("temperature (°C)", ["temp_c"]),
+        ("utilisation (%)", ["gpu_util_pct", "mem_util_pct", "cpu_util_pct"]),
+    ]
+    rows = [(t, [c for c in cols if c in samples and samples[c].notna().any()]) for t, cols in panels]
+    rows = [(t, cols) for t, cols in rows if cols]
+    has_throttle = bool("throttle_reasons" in samples and samples["throttle_reasons"].notna().any())
+    if samples.empty or (not rows and not has_throttle):
+        return empty_figure("no telemetry samples for this run")
+    n = len(rows) + has_throttle
+    titles = [t for t, _ in rows] + (["throttle reasons"] if has_throttle else [])
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
+    for i, (_, cols) in enumerate(rows, start=1):
+        for c in cols:
+            fig.add_trace(go.Scatter(x=samples["t_s"], y=samples[c], name=c, mode="lines+markers"), row=i, col=1)
+    if has_throttle:
+        names = [", ".join(throttle_names(m)) or "none" for m in samples["throttle_reasons"]]
+        fig.add_trace(go.Scatter(x=samples["t_s"], y=names, name="throttle", mode="markers"), row=n, col=1)
+    fig.update_xaxes(title_text="seconds into the timed window", row=n, col=1)
+    fig.update_layout(template=TEMPLATE, height=220 * n + 60, margin={"t": 40})
+    return fig
+
+
+def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
+    """Candidate ÷ baseline latency per matched point (log y), coloured by flag, with
+    the threshold band drawn."""
+    data = table.dropna(subset=["ratio"])
+    if data.empty:
+        return empty_figure("no point was measured in both selections")
+    colors = {"slower": "#d62728", "faster": "#2ca02c", "noisy": "#ff7f0e", "same": "#7f7f7f"}
+    fig = px.scatter(data, x="seq_len", y="ratio", color="flag", symbol="series", log_x=True, log_y=True,
+                     color_discrete_map=colors, hover_data=["device", "dtype", "pass", "config_label",
+                                                            "latency_ms_a", "latency_ms_b"],
+                     template=TEMPLATE, labels={"ratio": "B latency ÷ A latency", "seq_len": "sequence length N"})
+    fig.add_hrect(y0=1 / threshold, y1=threshold, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
+    lo, hi = min(float(data["ratio"].min()), 1 / threshold) / 1.1, max(float(data["ratio"].max()), threshold) * 1.1
+    ticks = sorted(set(log_ticks(lo, hi)) | {1.0})
+    fig.update_yaxes(range=[math.log10(lo), math.log10(hi)], tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
+    fig.update_layout(height=420, legend={"orientation": "h", "y": -0.2}, margin={"t": 30})
+    return fig
+
+
+def mask_figure(mask, title: str = "", max_pixels: int = 512) -> go.Figure:
+    """Heatmap of an (N, N) mask or multiplicity count (query rows, key columns).
+
+    Larger N is pooled to ``max_pixels`` per side (each pixel shows the mean count of
+    the block it covers) so the browser gets a small picture.
+    """
+    import torch
+
+    m = torch.as_tensor(mask).to(torch.float64)
+    if m.dim() != 2 or m.shape[0] != m.shape[1]:
+        raise ValueError(f"mask must be (N, N), got shape {tuple(m.shape)}")
+    n = m.shape[0]
+    step = max(1, math.ceil(n / max_pixels))
+    if step > 1:
+        pad = (-n) % step
+        m = torch.nn.functional.pad(m, (0, pad, 0, pad))
+        m = torch.nn.functional.avg_pool2d(m[None, None], step)[0, 0]
+    coords = [i * step for i in range(m.shape[0])]
+    vmax = float(m.max()) if m.numel() else 1.0
+    fig = go.Figure(go.Heatmap(z=m.numpy(), x=coords, y=coords, colorscale="Blues", zmin=0, zmax=max(vmax, 1.0),
+                               colorbar={"title": "count" if step == 1 else "mean count"},
+                               hovertemplate="query %{y}<br>key %{x}<br>%{z}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title_text="query position", scaleanchor="x", constrain="domain")
+    fig.update_xaxes(title_text="key position", side="top", constrain="domain")
+    fig.update_layout(template=TEMPLATE, title=title, height=560, margin={"t": 80})
+    return fig
+
+
+def density_bar(densities, title: str = "density per head") -> go.Figure:
+    """Bar chart of per-head density (attended pairs with multiplicity ÷ N²)."""
+    fig = go.Figure(go.Bar(x=list(range(len(densities))), y=list(densities)))
+    fig.update_layout(template=TEMPLATE, title=title, height=260, xaxis_title="head", yaxis_title="density",
+                      xaxis_dtick=1,
+                      yaxis_tickformat=".1%", margin={"t": 50})
+    return fig

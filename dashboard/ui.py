@@ -1,0 +1,94 @@
+"""Streamlit helpers every page shares: the data source, cached reads, banners."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from . import analysis, data
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _resolve(db: str, db_key: tuple, ref_key: tuple) -> data.Source:
+    # The keys only make the cache miss when the store or the reference folders change.
+    return data.resolve(db)
+
+
+def source() -> data.Source:
+    """The current source; re-snapshots only when the store file's modification time changes."""
+    db = data.db_path()
+    keys = (db, data.file_key(db), data.folders_key(data.reference_folders()))
+    src = _resolve(*keys)
+    if src.snapshot and not Path(src.snapshot).exists():  # replaced by a newer one (another session)
+        _resolve.clear()
+        src = _resolve(*keys)
+    return src
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def runs(snapshot: str) -> pd.DataFrame:
+    """All runs of a snapshot, prepared (``analysis.prepare``). Snapshots never change: the
+    path is the cache key."""
+    return analysis.prepare(data.read_sql(snapshot, "SELECT * FROM runs ORDER BY started_at"))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def telemetry(snapshot: str, run_id: str) -> pd.DataFrame:
+    return data.read_sql(snapshot, "SELECT * FROM telemetry WHERE run_id = ? ORDER BY t_s", [run_id])
+
+
+def header(title: str, caption: str) -> data.Source | None:
+    """Page title, the source banner; returns the source, or None (with a message) if there is nothing to show."""
+    st.title(title)
+    st.caption(caption)
+    src = source()
+    with st.sidebar:
+        if src.kind == "store":
+            st.caption(f"Run store: `{src.db}`")
+        elif src.kind == "reference":
+            st.caption(f"Reference runs ({len(src.folders)} folder(s) under `runs/`)")
+    if src.kind == "reference":
+        st.info(f"Showing the reference runs committed under `runs/` because {src.note}. "
+                + data.how_to_add(src.db), icon="ℹ️")
+    elif src.kind == "empty":
+        st.warning(f"Nothing to show yet: {src.note}, and there are no reference runs under `runs/`. "
+                   + data.how_to_add(src.db), icon="⚠️")
+        return None
+    return src
+
+
+def sweep_label(df: pd.DataFrame):
+    """format_func for sweep ids: ``name · tag · start (N runs)``."""
+    info = df.groupby("sweep_id").agg(name=("sweep_name", "first"), tag=("tag", "first"),
+                                      start=("started_at", "min"), n=("run_id", "count"))
+
+    def fmt(sweep_id) -> str:
+        if sweep_id not in info.index:
+            return str(sweep_id)
+        r = info.loc[sweep_id]
+        tag = f" · {r['tag']}" if isinstance(r["tag"], str) and r["tag"] else ""
+        return f"{r['name']}{tag} · {pd.Timestamp(r['start']):%Y-%m-%d %H:%M} ({r['n']} runs)"
+
+    return fmt
+
+
+def multiselect_all(label: str, options, key: str):
+    """A multiselect that starts with everything selected; empty selection = everything."""
+    options = [o for o in options if o is not None and not (isinstance(o, float) and pd.isna(o))]
+    chosen = st.multiselect(label, options, default=options, key=key)
+    return chosen or options
+
+
+def pick(container, label: str, ids: list, fmt, key: str, index: int = 0):
+    """A selectbox showing ``fmt(id)`` that returns the id. Options are the shown
+    strings themselves (made unique), so the widget state is plain text."""
+    shown: dict[str, object] = {}
+    for i in ids:
+        text = fmt(i)
+        while text in shown:
+            text += " ·"
+        shown[text] = i
+    choice = container.selectbox(label, list(shown), index=min(index, max(len(shown) - 1, 0)), key=key)
+    return shown.get(choice)

@@ -1,0 +1,57 @@
+"""Patterns: a dilated config or a block-sparse pattern → its mask picture and density."""
+
+import streamlit as st
+
+from dashboard import figures, patterns_view as pv
+
+st.title("Patterns")
+st.caption("Which (query, key) pairs a configuration attends to. Darker = counted more often "
+           "(LongNet counts a key reached by two branches twice).")
+
+lib = pv.load_patterns()
+kinds = ["dilated"] + (["block-sparse"] if lib is not None else [])
+kind = st.radio("pattern family", kinds, horizontal=True, key="pat_kind")
+if lib is None:
+    st.info("Block-sparse patterns need `dilcompile.patterns` (the pattern library), which this install "
+            "does not have; only the dilated pattern is shown.", icon="ℹ️")
+
+c1, c2, c3 = st.columns(3)
+n = c1.number_input("sequence length N", min_value=8, max_value=pv.MAX_N, value=256, step=8, key="pat_n")
+causal = c3.toggle("causal", value=False, key="pat_causal")
+
+if kind == "dilated":
+    heads = c2.number_input("heads H", min_value=1, max_value=64, value=4, key="pat_heads")
+    c4, c5, c6 = st.columns(3)
+    seg_text = c4.text_input("segment lengths", "64, 128", key="pat_segments")
+    rate_text = c5.text_input("dilation rates", "1, 2", key="pat_rates")
+    mode = c6.selectbox("mode", ["longnet", "groups"], key="pat_mode")
+    try:
+        res = pv.dilated_pattern(int(n), int(heads), pv.parse_ints("segment lengths", seg_text),
+                                 pv.parse_ints("dilation rates", rate_text), mode, causal)
+    except (ValueError, TypeError) as exc:
+        st.error(str(exc))
+    else:
+        m = st.columns(3)
+        m[0].metric("density (all heads)", f"{res['density']:.2%}",
+                    help="attended (head, query, key) triples with multiplicity ÷ H·N²")
+        m[1].metric("parts", len(res["parts"]), help="dense attention problems the config becomes")
+        m[2].metric("max multiplicity", res["max_multiplicity"])
+        head = st.slider("head", 0, int(heads) - 1, 0, key="pat_head") if heads > 1 else 0
+        st.plotly_chart(figures.mask_figure(res["counts"][head], title=f"head {head} of {heads}, N={n}"),
+                        width="stretch", key="pat_mask")
+        st.plotly_chart(figures.density_bar(res["head_density"]), width="stretch", key="pat_density")
+else:
+    names = list(getattr(lib, "PATTERN_NAMES", []))
+    name = c2.selectbox("pattern", names, key="pat_name")
+    spec = st.text_input("spec (the pattern and its parameters, as in `block-sparse:<spec>`)", f"{name}",
+                         key=f"pat_spec_{name}")
+    try:
+        pattern = lib.from_spec(spec)
+        fig = pv.library_figure(pattern, int(n), causal)
+        mask = pv.pattern_mask(pattern, int(n), 0, causal)
+    except (ValueError, TypeError) as exc:
+        st.error(str(exc))
+    else:
+        st.metric("density (head 0)", f"{float(mask.double().mean()):.2%}")
+        st.plotly_chart(fig if fig is not None else figures.mask_figure(mask, title=f"{spec}, N={n}"),
+                        width="stretch", key="pat_mask")

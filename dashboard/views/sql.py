@@ -1,0 +1,39 @@
+"""SQL: ad-hoc read-only DuckDB queries on a snapshot of the store."""
+
+import streamlit as st
+
+from dashboard import sqlrun, ui
+
+EXAMPLE = """SELECT device, dtype, variant, seq_len, median(latency_ms) AS ms, max(efficiency) AS eta
+FROM runs WHERE status = 'ok'
+GROUP BY ALL ORDER BY device, dtype, seq_len, ms"""
+
+src = ui.header("SQL", "Ad-hoc DuckDB queries on tables sweeps, measurements, telemetry and the runs view. "
+                "Read-only: no writes, ATTACH, COPY, extensions or file access.")
+if src is not None:
+    with st.form("sql_form"):
+        sql = st.text_area("query (Ctrl+Enter runs it)", EXAMPLE, height=160, key="sql_text")
+        c1, c2, c3 = st.columns([1, 1, 2])
+        max_rows = c1.number_input("row limit", min_value=1, max_value=100_000, value=1000, key="sql_rows")
+        timeout = c2.number_input("timeout (s)", min_value=1, max_value=120, value=10, key="sql_timeout")
+        submitted = st.form_submit_button("Run", type="primary")
+    if submitted or "sql_result" not in st.session_state:
+        try:
+            st.session_state["sql_result"] = sqlrun.run_query(src.snapshot, sql, int(max_rows), float(timeout))
+            st.session_state["sql_error"] = None
+        except sqlrun.QueryRefused as exc:
+            st.session_state["sql_result"], st.session_state["sql_error"] = None, str(exc)
+    result, error = st.session_state.get("sql_result"), st.session_state.get("sql_error")
+    if error:
+        st.error(error)
+    elif result is not None:
+        frame = result.frame()
+        note = f" (stopped at the row limit of {int(max_rows)})" if result.truncated else ""
+        st.caption(f"{len(frame)} rows{note}")
+        st.dataframe(frame, hide_index=True, width="stretch")
+        st.download_button("Download CSV", frame.to_csv(index=False).encode(), "query.csv", "text/csv",
+                           key="sql_csv")
+    with st.expander("Schema"):
+        st.dataframe(sqlrun.run_query(src.snapshot, "SELECT table_name, column_name, data_type FROM "
+                                      "information_schema.columns ORDER BY table_name, ordinal_position",
+                                      max_rows=1000).frame(), hide_index=True, width="stretch")

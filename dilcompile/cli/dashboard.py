@@ -1,0 +1,62 @@
+"""``dilcompile dashboard``: the Streamlit dashboard over the run store."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, fail
+
+PROG = "dilcompile dashboard"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("dashboard", help="open the Streamlit dashboard over the run store",
+                       description="Serve the dashboard (Overview, Compare, Run, Patterns, Regressions, SQL). "
+                                   "With no runs in the store it shows the reference runs under runs/.")
+    add_db(p)
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=run)
+
+
+def streamlit_command(app: Path, address: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", address,
+            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
+
+
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def run(args) -> int:
+    if not 1 <= args.port <= 65535:
+        return fail(PROG, f"--port must be in 1..65535, got {args.port}", USAGE_ERROR)
+    if not APP.exists():
+        return fail(PROG, f"the dashboard app is missing ({APP}); run from a dilcompile checkout", RUNTIME_ERROR)
+    try:
+        import plotly  # noqa: F401
+        import streamlit  # noqa: F401
+    except ImportError as exc:
+        return fail(PROG, f"the dashboard needs streamlit and plotly ({exc.name} is missing): "
+                          "pip install 'dilcompile[dashboard]'", RUNTIME_ERROR)
+    if not _port_free(args.address, args.port):
+        return fail(PROG, f"port {args.port} on {args.address} is in use; pass --port with a free one", RUNTIME_ERROR)
+    db = os.path.abspath(args.db)
+    env = {**os.environ, "DILCOMPILE_DB": db}
+    print(f"dashboard: http://{args.address}:{args.port}  (store {db}; Ctrl+C stops it)", flush=True)
+    try:
+        return subprocess.call(streamlit_command(APP, args.address, args.port), env=env)
+    except KeyboardInterrupt:
+        return 0

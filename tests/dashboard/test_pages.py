@@ -1,0 +1,149 @@
+"""Each dashboard page under Streamlit's AppTest: no exception, the expected widgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+def _page(name: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page(f"views/{name}.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _labels(widgets) -> list[str]:
+    return [w.label for w in widgets]
+
+
+def test_overview(sweep_db, dashboard_env):
+    dashboard_env(sweep_db)
+    at = _page("overview")
+    assert at.title[0].value == "Overview"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["runs"] == "12" and metrics["sweeps"] == "2" and metrics["variants"] == "2"
+    board = at.dataframe[0].value
+    assert set(board["best"]) <= {"sdpa", "dilated"} and len(board) == 4  # 2 dtypes × 2 lengths
+    assert len(at.dataframe[1].value) == 8  # the latest sweep ("new") has 8 points
+    assert not at.info  # a store with runs: no reference-runs banner
+
+
+def test_compare(sweep_db, dashboard_env):
+    dashboard_env(sweep_db)
+    at = _page("compare")
+    assert {"device", "dtype", "variant", "impl", "pass", "causal", "config", "tag"} <= set(_labels(at.multiselect))
+    assert len(at.get("plotly_chart")) == 6  # latency, tokens/s, TFLOP/s, η, memory, J/token
+    assert at.selectbox(key="cmp_baseline").value == "sdpa"
+    speedup = at.dataframe[0].value
+    assert (speedup["sdpa"] == 1.0).all() and "dilated" in speedup
+    at.radio(key="cmp_facet").set_value("dtype").run()
+    at.multiselect(key="cmp_dtype").set_value(["float64"]).run()
+    assert not at.exception
+    assert set(at.dataframe[0].value["dtype"]) == {"float64"}
+
+
+def test_run(sweep_db, dashboard_env):
+    dashboard_env(sweep_db)
+    at = _page("run")
+    assert _labels(at.selectbox) == ["sweep", "run"]
+    assert len(at.get("plotly_chart")) == 1  # the telemetry figure (host CPU samples on CPU runs)
+    fields = set(at.dataframe[2].value["field"])
+    assert {"torch_version", "git_sha", "hostname"} <= fields
+    choices = at.selectbox[1].options
+    assert len(choices) == 8  # the newest sweep's points
+    at.selectbox[1].select_index(len(choices) - 1).run()
+    assert not at.exception
+
+
+def test_patterns(dashboard_env, tmp_path):
+    dashboard_env(str(tmp_path / "missing.duckdb"))  # the page needs no runs
+    at = _page("patterns")
+    assert at.radio(key="pat_kind").value == "dilated"
+    assert len(at.get("plotly_chart")) == 2
+    density = at.metric[0].value
+    at.text_input(key="pat_rates").set_value("1, x").run()
+    assert "dilation rates must be whole numbers" in at.error[0].value
+    at.text_input(key="pat_rates").set_value("1, 2").run()
+    at.toggle(key="pat_causal").set_value(True).run()
+    assert not at.error and at.metric[0].value != density
+
+
+def test_regressions(sweep_db, dashboard_env):
+    dashboard_env(sweep_db)
+    at = _page("regressions")
+    assert _labels(at.selectbox)[:2] == ["A (baseline)", "B (candidate)"]
+    assert len(at.get("plotly_chart")) == 1
+    table = at.dataframe[0].value
+    assert len(table) == 8  # 4 float32 points in both, 4 float64 points only in B
+    assert (table["flag"] == "only in B").sum() == 4
+    at.radio(key="reg_by").set_value("tag").run()
+    assert not at.exception and at.selectbox(key="reg_a_tag").value == "base"
+
+
+def test_sql(sweep_db, dashboard_env):
+    dashboard_env(sweep_db)
+    at = _page("sql")
+    assert at.text_area(key="sql_text").value.startswith("SELECT")
+    assert len(at.dataframe[0].value) > 0 and at.get("download_button")
+    at.text_area(key="sql_text").set_value("DELETE FROM measurements")
+    at.button[0].click().run()  # the form's Run button
+    assert "refused" in at.error[0].value
+    at.text_area(key="sql_text").set_value("SELECT count(*) AS n FROM runs")
+    at.button[0].click().run()
+    assert not at.error and at.dataframe[0].value["n"][0] == 12
+
+
+def test_missing_store_shows_reference_runs(reference_dir, dashboard_env, tmp_path):
+    dashboard_env(str(tmp_path / "missing.duckdb"), reference_dir)
+    at = _page("overview")
+    assert "reference runs" in at.info[0].value and "dilcompile profile" in at.info[0].value
+    assert {m.label: m.value for m in at.metric}["runs"] == "12"
+
+
+def test_empty_everywhere_says_how_to_add_runs(dashboard_env, tmp_path):
+    dashboard_env(str(tmp_path / "missing.duckdb"))
+    for page in ("overview", "compare", "run", "regressions", "sql"):
+        at = _page(page)
+        assert "dilcompile profile" in at.warning[0].value
+
+
+def test_patterns_block_sparse_when_the_library_is_there(dashboard_env, tmp_path, monkeypatch):
+    """The pattern library is optional: with a module providing PATTERN_NAMES and
+    from_spec, the page offers it and draws the mask from the pattern's mask_mod."""
+    import sys
+    import types
+
+    class Band:
+        def __init__(self, width):
+            self.width = width
+
+        def mask_mod(self, b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx).abs() < self.width
+
+    def from_spec(spec):
+        name, _, arg = spec.partition("(")
+        if name != "local_window" or not arg.rstrip(")").isdigit():
+            raise ValueError(f"unknown pattern spec {spec!r}; try local_window(16)")
+        return Band(int(arg.rstrip(")")))
+
+    fake = types.ModuleType("dilcompile.patterns")
+    fake.PATTERN_NAMES, fake.from_spec = ["local_window"], from_spec
+    monkeypatch.setitem(sys.modules, "dilcompile.patterns", fake)
+    dashboard_env(str(tmp_path / "missing.duckdb"))
+    at = _page("patterns")
+    assert not at.info  # no "library missing" note
+    at.radio(key="pat_kind").set_value("block-sparse").run()
+    assert "unknown pattern spec" in at.error[0].value  # the bare name is not a full spec
+    at.number_input(key="pat_n").set_value(64).run()
+    at.text_input(key="pat_spec_local_window").set_value("local_window(8)").run()
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 1
+    expected = sum(1 for i in range(64) for j in range(64) if abs(i - j) < 8) / 64**2
+    assert at.metric[0].value == f"{expected:.2%}"
