@@ -1,7 +1,8 @@
 """Everything the compiler sees: custom ops with fake and autograd rules, the
-Triton ops (when triton is installed), graph passes and the FX-graph cache tag.
+Triton ops (when triton is installed), our Inductor graph passes with their
+switches, the FX-graph cache tag, and ``explain``.
 
-Importing this package registers the ops once.
+Importing this package registers the ops and installs the passes once.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.*)
@@ -13,3 +14,11 @@ except ImportError:  # optional dependency: impl="triton" then explains how to i
 else:
     HAS_TRITON = True
     from . import triton_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_triton_*)
+
+from .explain import CompileReport, explain  # noqa: E402
+from .passes import enabled_passes, install, installed, passes, set_pass, source_hash  # noqa: E402
+
+install()
+
+__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "passes",
+           "set_pass", "source_hash"]
