@@ -16,9 +16,9 @@ else:
     from . import triton_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_triton_*)
 
 from .explain import CompileReport, explain  # noqa: E402
-from .passes import enabled_passes, install, installed, passes, set_pass, source_hash  # noqa: E402
+from .passes import enabled_passes, install, installed, set_pass, source_hash, switches  # noqa: E402
 
 install()
 
-__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "passes",
+__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "switches",
            "set_pass", "source_hash"]

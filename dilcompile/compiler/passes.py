@@ -60,11 +60,11 @@ def enabled_passes() -> dict[str, bool]:
 
 
 @contextlib.contextmanager
-def passes(**switches: bool):
-    """``with passes(rewrite_dilated=False): ...`` — temporary switches."""
+def switches(**flags: bool):
+    """``with switches(rewrite_dilated=False): ...`` — temporary on/off switches."""
     old = dict(_enabled)
     try:
-        for name, on in switches.items():
+        for name, on in flags.items():
             set_pass(name, on)
         yield
     finally:

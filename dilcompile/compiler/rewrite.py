@@ -233,7 +233,8 @@ def _rewrite_group(graph, q, k, v, members):
     for out in reversed(candidates):  # the furthest verified region replaces the most
         region = _ancestors(out)
         inner = {n for n in region if n in below or n in outs}
-        escaping = [n.name for n in inner for u in n.users if u not in region and u is not out]
+        escaping = [n.name for n in inner for u in n.users  # dead users (an unused lse) don't count
+                    if u not in region and u is not out and (u.users or u.op == "output")]
         if escaping:
             reasons.append(f"{out.name}: intermediates {escaping[:3]} used outside the region (saved for backward?)")
             continue
@@ -241,10 +242,22 @@ def _rewrite_group(graph, q, k, v, members):
         for segments, rates, mode, divide, want in wants:
             if got.shape == want.shape and torch.allclose(got, want, rtol=tol, atol=tol):
                 _replace(graph, out, q, k, v, segments, rates, mode, causal, scale, divide)
+                _erase_dead(graph, region | {out})
                 return dict(output=out.name, segment_lengths=segments, dilation_rates=rates, mode=mode,
                             causal=causal, scale=scale, replaced_sdpa=len(outs))
         reasons.append(f"{out.name}: not equal to dilated attention with {configs}")
     return "; ".join(reasons)
+
+
+def _erase_dead(graph, region) -> None:
+    """Erase what is left of the replaced region. fx's dead-code elimination
+    keeps SDPA nodes (dropout makes them 'nondeterministic_seeded'), so those
+    of the region go explicitly once their outputs are dead."""
+    graph.eliminate_dead_code()
+    for node in list(graph.nodes):
+        if node in region and node.target in SDPA_TARGETS and not node.users:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
 
 
 def _replace(graph, out, q, k, v, segments, rates, mode, causal, scale, divide):
