@@ -152,3 +152,11 @@ def test_cache_tag_changes_with_sources_so_no_stale_graph_is_served(monkeypatch,
         monkeypatch.undo()
         passes_module.update_cache_tag()
         torch._dynamo.reset()
+
+
+def test_dense_sdpa_is_not_rewritten():
+    q, k, v = random_qkv(1, 2, 64, 8, dtype=torch.float32)
+    for fn in (lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+               lambda q, k, v: F.scaled_dot_product_attention(q[:, :1], k[:, :1], v[:, :1], is_causal=True)):
+        gm = _trace(fn)(q, k, v)
+        assert not rewrite_dilated(gm.graph).rewritten

@@ -50,6 +50,9 @@ VIEW_TARGETS = {
 }
 
 
+MAX_ANALYSED = 1 << 25  # elements of q up to which a candidate is analysed (index replay + probe)
+
+
 @dataclass
 class RewriteLog:
     """What the pass did in one graph: rewritten configs and skipped candidates."""
@@ -176,6 +179,10 @@ def rewrite_dilated(graph: fx.Graph) -> RewriteLog:
 def _rewrite_group(graph, q, k, v, members):
     qv = _val(q)
     shape = tuple(_hint(s) for s in qv.shape)
+    if all(not chain for _, roots in members for _, chain in roots):
+        return f"{[m[0].name for m in members]}: dense attention on q, k, v as given"
+    if math.prod(shape) > MAX_ANALYSED:  # the index replay and the probe are full-size
+        return f"{[m[0].name for m in members]}: q of {shape} is too large to verify a rewrite"
     index = torch.arange(math.prod(shape)).view(shape)
     branches, causal, scale = [], set(), set()
     for node, roots in members:
@@ -198,6 +205,8 @@ def _rewrite_group(graph, q, k, v, members):
     if len(causal) != 1 or len(scale) != 1:
         return "branches differ in causal or scale"
     causal, scale = causal.pop(), scale.pop()
+    if all(w >= shape[2] and r == 1 for w, r, _ in branches):
+        return "dense attention (one segment, rate 1): nothing to rewrite"
     scale = 1.0 / math.sqrt(shape[-1]) if scale is None else float(scale)
     configs = _candidate_configs(branches, shape[1])
     if not configs:
