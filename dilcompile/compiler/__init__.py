@@ -16,9 +16,11 @@ else:
     from . import triton_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_triton_*)
 
 from .explain import CompileReport, explain  # noqa: E402
+from .lowering import register_lowerings  # noqa: E402
 from .passes import enabled_passes, install, installed, set_pass, source_hash, switches  # noqa: E402
 
 install()
+register_lowerings()
 
-__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "switches",
+__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "register_lowerings", "switches",
            "set_pass", "source_hash"]
