@@ -130,13 +130,13 @@ def test_explain_reports_rewrite_through_inductor_with_no_breaks():
 
 def test_cache_tag_changes_with_sources_so_no_stale_graph_is_served(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_remote_cache", False)
 
     def compile_once():
         torch._dynamo.reset()
         counters.clear()
-        torch.compile(lambda x: x * 2 + 1)(torch.randn(8))
+        # config.patch, not monkeypatch: undoing a monkeypatch deletes config attributes
+        with torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
+            torch.compile(lambda x: x * 2 + 1)(torch.randn(8))
         return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
     assert torch.compiler.config.cache_key_tag.startswith("dilcompile-") or "|dilcompile-" in \

@@ -11,7 +11,10 @@ from dilcompile import dilated_attention
 from dilcompile.compiler import HAS_TRITON
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
 
-pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (pip install 'dilcompile[triton]')")
+pytestmark = [
+    pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (pip install 'dilcompile[triton]')"),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),  # interpreter
+]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # (N, H, segments, rates, causal, mode, padded): tiles of 16 rows cross segment
