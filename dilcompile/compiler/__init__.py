@@ -22,5 +22,5 @@ from .passes import enabled_passes, install, installed, set_pass, source_hash, s
 install()
 register_lowerings()
 
-__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed", "register_lowerings", "switches",
-           "set_pass", "source_hash"]
+__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed",
+           "register_lowerings", "set_pass", "source_hash", "switches"]
