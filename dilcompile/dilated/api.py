@@ -13,6 +13,9 @@ from .config import IMPLS, check_branches
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
 
+if compiler.HAS_TRITON:
+    from .impl.triton import check_triton_input
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -54,6 +57,14 @@ def choose_impl(q: Tensor, impl: str) -> str:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference":
         return impl
+    if impl == "triton":
+        if not compiler.HAS_TRITON:
+            raise ValueError("impl='triton' needs the triton package: pip install 'dilcompile[triton]' "
+                             "(or use impl='sdpa')")
+        check_triton_input(q)
+        return impl
+    # "auto" stays on the fused SDPA kernels: the Triton kernel has no GPU
+    # measurement showing it faster yet (see README, "Compiler integration").
     backend_for(q.device, q.dtype, q.shape[-1])  # raises with the reason if no kernel serves q
     return "sdpa"
 
@@ -87,8 +98,9 @@ def dilated_attention(
             (float64 for float64 inputs); −inf where a row attends to nothing.
         key_padding_mask: optional (B, N) bool, True = padding: those keys are
             removed exactly; a row left with no key outputs 0 (lse −inf).
-        impl: "sdpa" (fused attention kernels), "reference" (float64 oracle,
-            O(N²) memory) or "auto" (= "sdpa").
+        impl: "sdpa" (fused attention kernels), "triton" (all branches in
+            one fused Triton kernel; CUDA, or CPU under TRITON_INTERPRET=1),
+            "reference" (float64 oracle, O(N²) memory) or "auto" (= "sdpa").
 
     Returns:
         out (B, H, N, D) in q.dtype, or (out, lse) if return_lse. Rows no
@@ -110,6 +122,10 @@ def dilated_attention(
         out, lse = dilated_reference(q, k, v, parts, causal, float(scale), key_padding_mask)
         out = out.to(q.dtype)
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    elif chosen == "triton":
+        out, lse = torch.ops.dilcompile.dilated_triton_fwd(
+            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask
+        )
     else:
         out, lse = torch.ops.dilcompile.dilated_fwd(
             q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask

@@ -8,7 +8,7 @@ from numbers import Integral
 
 from .geometry import MODES
 
-IMPLS = ("auto", "sdpa", "reference")
+IMPLS = ("auto", "sdpa", "triton", "reference")
 
 
 def _int_tuple(name: str, values) -> tuple[int, ...]:
@@ -46,7 +46,7 @@ class DilatedAttentionConfig:
     causal: bool = False  # key position ≤ query position
     mode: str = "longnet"  # "longnet": every head every branch; "groups": seed-system head groups
     scale: float | None = None  # softmax scale; None → 1/sqrt(head_dim)
-    impl: str = "auto"  # "sdpa" (fused kernels), "reference" (float64 oracle) or "auto"
+    impl: str = "auto"  # "sdpa" (fused kernels), "triton" (one fused kernel), "reference" (float64 oracle) or "auto"
 
     def __post_init__(self):
         segments, rates = check_branches(self.segment_lengths, self.dilation_rates, self.mode)

@@ -1,0 +1,104 @@
+"""Inductor lowering of ``dilcompile.dilated_fwd``: SDPA decomposition on CPU,
+measured choice between it and the Triton kernel on CUDA.
+
+What this is: ``register_lowerings()`` registers a lowering for the custom op.
+On CPU it emits the op as an extern kernel — the fused-SDPA decomposition of
+``impl/sdpa.py``, the fastest we measured there (the Triton kernel does not
+run on CPU outside the interpreter). On CUDA with triton installed it emits
+``dilcompile.dilated_fwd_tuned`` instead, which times both implementations the
+first time it sees a (shape, dtype, config) and then always runs the winner
+(``TUNED`` holds the decisions).
+
+What it is not (yet): an Inductor template choice through
+``autotune_select_algorithm`` — that API differs between torch 2.11 and 2.13
+(it returns a node or a (node, choice) pair) and takes a single output
+layout, while the op returns (out, lse). The runtime choice above measures the
+same two candidates without depending on it. The private pieces used here
+(``lowering.register_lowering``, ``lowering.fallback_handler``,
+``lowerings``) are looked up defensively; if they are missing the op stays
+Inductor's default fallback, which is the SDPA decomposition.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from . import HAS_TRITON
+
+TUNED: dict[tuple, str] = {}  # (device, dtype, shape, config) → "sdpa" or "triton"
+LOWERED: list[str] = []  # which path each lowering took (the tests read it)
+
+
+def _candidates(q: Tensor) -> list[str]:
+    names = ["sdpa"]  # the interpreter (CPU) is never a contender: it is a test vehicle
+    if HAS_TRITON and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        names.append("triton")
+    return names
+
+
+def _run(name, q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask):
+    op = torch.ops.dilcompile.dilated_fwd if name == "sdpa" else torch.ops.dilcompile.dilated_triton_fwd
+    return op(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+
+
+def _time(fn, cuda: bool, repeats: int = 3) -> float:
+    fn()  # warm-up: Triton compiles here
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+@torch.library.custom_op("dilcompile::dilated_fwd_tuned", mutates_args=())
+def dilated_fwd_tuned(
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
+    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``dilated_fwd`` on whichever implementation measured fastest for this input."""
+    args = (q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+    key = (q.device.type, q.dtype, tuple(q.shape), tuple(segment_lengths), tuple(dilation_rates), mode, causal,
+           key_padding_mask is not None)
+    if key not in TUNED:
+        times = {name: _time(lambda name=name: _run(name, *args), q.device.type == "cuda") for name in _candidates(q)}
+        TUNED[key] = min(times, key=times.get)
+    out, lse = _run(TUNED[key], *args)
+    return out, lse
+
+
+@dilated_fwd_tuned.register_fake
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
+
+
+def register_lowerings() -> bool:
+    """Register the lowering once; False where this torch lacks the private API."""
+    try:
+        from torch._inductor import lowering as L
+    except ImportError:
+        return False
+    if not all(hasattr(L, name) for name in ("register_lowering", "fallback_handler", "lowerings")):
+        return False
+    op = torch.ops.dilcompile.dilated_fwd.default
+    if op in L.lowerings:
+        return True
+    sdpa = L.fallback_handler(op, add_to_fallback_set=False)
+    tuned = L.fallback_handler(torch.ops.dilcompile.dilated_fwd_tuned.default, add_to_fallback_set=False)
+
+    @L.register_lowering(op, type_promotion_kind=None)
+    def _lower(q, *args, **kwargs):
+        device = q.get_device()
+        if device is not None and device.type == "cuda" and HAS_TRITON:
+            LOWERED.append("tuned")
+            return tuned(q, *args, **kwargs)
+        LOWERED.append("sdpa")
+        return sdpa(q, *args, **kwargs)
+
+    return True

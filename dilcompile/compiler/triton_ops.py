@@ -1,0 +1,74 @@
+"""``torch.ops.dilcompile.dilated_triton_fwd/bwd``: the fused Triton kernels as
+``torch.library.triton_op`` s.
+
+Unlike a ``custom_op``, a ``triton_op`` is transparent to Inductor: the body is
+traced and its ``wrap_triton`` launches become user-defined Triton kernels in
+the compiled graph, so Inductor can fuse the pointwise work around them (the
+Δ = rowsum(dO ∘ O) of the backward, casts, the groups-mode 1/m). Dynamo still
+sees one node per call. Imported only when triton is installed. Under
+TRITON_INTERPRET=1 the same bodies are registered as opaque ``custom_op`` s.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.library import custom_op, triton_op
+
+from ..dilated.impl.triton import dilated_backward_triton, dilated_forward_triton, interpreting
+
+
+# The interpreter runs kernels on real CPU tensors only, so nothing may trace
+# into the body: there the ops are opaque custom ops with fake rules (Inductor
+# cannot compile user Triton kernels for CPU anyway).
+_op = custom_op if interpreting() else triton_op
+
+
+@_op("dilcompile::dilated_triton_fwd", mutates_args=())
+def dilated_triton_fwd(
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
+    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Merged dilated attention (before the groups-mode 1/m): out (B, H, N, D), lse (B, H, N) float32."""
+    return dilated_forward_triton(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+
+
+@_op("dilcompile::dilated_triton_bwd", mutates_args=())
+def dilated_triton_bwd(
+    grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+    key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), each shaped like q, given the merged out and lse of the forward."""
+    return dilated_backward_triton(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates,
+                                   mode, causal, scale, key_padding_mask)
+
+
+if interpreting():
+    @dilated_triton_fwd.register_fake
+    def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
+        return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+    @dilated_triton_bwd.register_fake
+    def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale,
+          key_padding_mask=None):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
+    ctx.set_materialize_grads(False)  # lse is usually unused: skip its term
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = dilated_triton_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+dilated_triton_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,102 @@
+"""impl="triton": the fused kernel against the float64 reference — forward,
+lse and gradients (through out and lse), causal or not, both modes, padding,
+awkward N, H not a multiple of r. On CPU the kernels run under
+TRITON_INTERPRET=1 (tests/conftest.py), which is slow: shapes stay tiny."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from dilcompile import dilated_attention
+from dilcompile.compiler import HAS_TRITON
+from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
+
+pytestmark = [
+    pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (pip install 'dilcompile[triton]')"),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),  # interpreter
+]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (N, H, segments, rates, causal, mode, padded): tiles of 16 rows cross segment
+# boundaries, w % r != 0, segments longer than N, rows no branch covers (groups).
+CASES = [
+    (37, 3, (8, 16), (1, 2), False, "longnet", False),
+    (37, 3, (8, 16), (1, 2), True, "longnet", False),
+    (29, 5, (12, 100), (1, 3), True, "longnet", True),
+    (23, 5, (8, 16, 64), (1, 2, 3), False, "groups", False),
+]
+
+
+def _run(q, k, v, segments, rates, causal, mode, impl, mask=None):
+    return dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode,
+                             impl=impl, return_lse=True, key_padding_mask=mask)
+
+
+@pytest.mark.parametrize("n, heads, segments, rates, causal, mode, padded", CASES)
+def test_triton_matches_reference_float32_with_gradients(n, heads, segments, rates, causal, mode, padded):
+    q, k, v = random_qkv(1, heads, n, 16, dtype=torch.float32, device=DEVICE, requires_grad=True)
+    mask = (torch.rand(1, n, device=DEVICE) < 0.3) if padded else None
+    out, lse = _run(q, k, v, segments, rates, causal, mode, "triton", mask)
+    ref, ref_lse = _run(q, k, v, segments, rates, causal, mode, "reference", mask)
+    ref, ref_lse = ref.double(), ref_lse.double()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = _run(q64, k64, v64, segments, rates, causal, mode, "reference", mask)
+    assert not out.isnan().any()
+    covered = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), covered)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double()[covered], ref_lse[covered], rtol=1e-5, atol=1e-5)
+
+    grad_out = torch.randn_like(ref)
+    grad_lse = torch.randn_like(ref_lse) * covered
+    def loss(o, l):
+        return (o.double() * grad_out).sum() + (l.double().nan_to_num(0.0, 0.0, 0.0) * grad_lse).sum()
+    got = torch.autograd.grad(loss(out, lse), (q, k, v))
+    want = torch.autograd.grad(loss(ref, ref_lse), (q64, k64, v64))
+    for name, g, w in zip("qkv", got, want):
+        assert not g.isnan().any(), name
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_low_precision_within_twice_plain_pytorch_error(dtype):
+    from dilcompile.dilated.geometry import multiplicity, plan_parts
+
+    kw = dict(segment_lengths=(8, 32), dilation_rates=(1, 4), causal=True)
+    q64, k64, v64 = random_qkv(1, 4, 40, 32)
+    q, k, v = (t.to(DEVICE, dtype) for t in (q64, k64, v64))
+    out = dilated_attention(q, k, v, impl="triton", **kw)
+    ref = dilated_attention(q64, k64, v64, impl="reference", **kw)
+    count = multiplicity(plan_parts(4, (8, 32), (1, 4)), 4, 40, True)
+    plain = masked_attention_plain(q.cpu(), k.cpu(), v.cpu(), count, 32**-0.5)
+    assert out.dtype == dtype
+    assert_within_low_precision_budget(out.cpu(), plain, ref)
+
+
+def test_triton_compiles_fullgraph_one_graph_over_n_sweep():
+    torch._dynamo.reset()
+    counters.clear()
+    fn = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(8, 16), dilation_rates=(1, 2),  # noqa: E731
+                                           causal=True, impl="triton")
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    for n in (20, 33):
+        q, k, v = random_qkv(1, 2, n, 16, dtype=torch.float32, device=DEVICE, requires_grad=True)
+        out = compiled(q, k, v)
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+        want_out = fn(q, k, v)
+        want = torch.autograd.grad(want_out.sum(), (q, k, v))
+        torch.testing.assert_close(out, want_out)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
+
+
+def test_triton_refuses_what_it_cannot_serve():
+    q, k, v = random_qkv(1, 2, 8, 8, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(TypeError, match="impl='triton'.*float64|float64.*impl='triton'|impl='sdpa'"):
+        dilated_attention(q, k, v, segment_lengths=(4,), dilation_rates=(1,), impl="triton")
+    q, k, v = random_qkv(1, 2, 8, 320, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="head_dim"):
+        dilated_attention(q, k, v, segment_lengths=(4,), dilation_rates=(1,), impl="triton")
