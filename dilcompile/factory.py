@@ -45,6 +45,7 @@ from .dilated import DilatedAttention
 from .dilated.config import IMPLS
 from .kernels import backend_for
 from .multihead import MultiheadDilatedAttention
+from .profile.env import cpu_model
 
 DEFAULT_STORE = Path("runs/dilcompile.duckdb")
 HINTS = ("seq_len", "num_heads", "head_dim", "dtype", "device", "training")
@@ -149,16 +150,7 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_model()
 
 
 def _measured(store: Path, hints: dict, config: dict, candidates: list[str]):

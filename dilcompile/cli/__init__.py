@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import dashboard, demo, maxlen, profile, query, runs
+from . import dashboard, maxlen, profile, query, runs
 
-SUBCOMMANDS = [demo, profile, query, runs, maxlen, dashboard]
+SUBCOMMANDS = [profile, query, runs, maxlen, dashboard]
 
 
 class _Parser(argparse.ArgumentParser):
