@@ -49,6 +49,26 @@ class Pattern:
     head_dependent: ClassVar[bool] = False  # mask depends on h (needs num_heads)
     data_dependent: ClassVar[bool] = False  # mask depends on q/k values (adaptive)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        post = cls.__dict__.get("__post_init__")
+        if post is not None:
+            def __post_init__(self, _post=post):  # noqa: N807
+                _post(self)
+                self._finish()
+
+            cls.__post_init__ = __post_init__
+
+    def _finish(self) -> None:
+        """Record the op arguments once, at construction: the structure string
+        and the numbers as a tensor. Compiled code reads these attributes only,
+        so Dynamo guards on the structure and feeds the numbers as an input."""
+        from .spec import template
+
+        structure, numbers = template(self)
+        object.__setattr__(self, "_structure", structure)
+        object.__setattr__(self, "_numbers", torch.tensor(numbers, dtype=torch.float64))
+
     def mask_mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         raise NotImplementedError
 

@@ -31,6 +31,7 @@ class _Combined(Pattern):
     def __init__(self, *patterns: Pattern):
         _check_patterns(self.name, patterns)
         object.__setattr__(self, "patterns", tuple(patterns))
+        self._finish()
 
     @property
     def head_dependent(self) -> bool:  # noqa: D401

@@ -7,7 +7,7 @@ Omitted arguments take the pattern's defaults; a bare name (``"dilated"``)
 is the pattern with all defaults. ``repr(pattern)`` is a spec of itself.
 
 ``template(pattern)`` / ``from_template`` split a pattern into its structure
-(a spec with every number replaced by ``_``) and its numbers, so the
+(a spec with every int replaced by ``_i``, every float by ``_f``) and its numbers, so the
 attention op can take the numbers as a tensor: a changed window or seed then
 reuses the compiled graph.
 """
@@ -37,8 +37,9 @@ def _value(node: ast.AST, numbers: list | None):
         return _call(node, numbers)
     if isinstance(node, (ast.Tuple, ast.List)):
         return tuple(_value(e, numbers) for e in node.elts)
-    if isinstance(node, ast.Name) and node.id == "_" and numbers is not None:
-        return numbers.pop(0)
+    if isinstance(node, ast.Name) and node.id in ("_i", "_f") and numbers is not None:
+        value = numbers.pop(0)  # numbers travel as float64: ints are exact up to 2^53
+        return int(value) if node.id == "_i" else float(value)
     if isinstance(node, ast.Name) and node.id in PATTERNS:
         return PATTERNS[node.id]()
     if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (int, float, str, bool))):
@@ -84,12 +85,12 @@ class _Hole(ast.NodeTransformer):
     def visit_Constant(self, node):  # noqa: N802
         if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             self.numbers.append(node.value)
-            return ast.Name(id="_", ctx=ast.Load())
+            return ast.Name(id="_i" if isinstance(node.value, int) else "_f", ctx=ast.Load())
         return node
 
 
 def template(pattern: Pattern) -> tuple[str, list]:
-    """(structure spec with numbers as ``_``, the numbers in order)."""
+    """(structure spec with ints as ``_i`` and floats as ``_f``, the numbers in order)."""
     tree = ast.parse(repr(pattern), mode="eval")
     holes = _Hole()
     tree = holes.visit(tree)

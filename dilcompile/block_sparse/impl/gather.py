@@ -1,0 +1,186 @@
+"""Block-gather backend: every query block attends the key blocks its
+pattern lists, gathered into one dense batch.
+
+For a chunk of query blocks the listed key blocks are gathered into
+``(chunk, H, K·bs, D)`` and one fused-kernel call does the chunk, with an
+additive mask (0 / −inf) for the token-level pattern, the sequence end and
+list padding. On CPU that kernel is ATen's flash attention (mask + log-sum-exp
++ backward); elsewhere an explicit-softmax kernel. The backward re-gathers,
+calls the kernel backward with the saved (out, lse) and scatter-adds dk, dv
+back to their blocks. Pure tensor code, so it also runs under autograd
+directly (``gather_attention_autograd``, used by the data-dependent pattern).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+aten = torch.ops.aten
+
+# Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
+MASK_CACHE_ELEMENTS = 1 << 25
+# Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
+_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass
+class GatherPlan:
+    """What the gather backend needs for one (pattern, N, block size, device, heads)."""
+
+    n: int
+    block_size: int
+    kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
+    pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
+    chunk: int  # query blocks per kernel call
+    masks: dict  # (chunk start, dtype) → cached additive mask (chunk, Hp, bs, K·bs)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_indices.shape[1]
+
+    def token_mask(self, c0: int, c1: int, dtype: torch.dtype) -> Tensor:
+        """Additive mask (c1 − c0, Hp, bs, K·bs): 0 where allowed, −inf elsewhere."""
+        key = (c0, dtype)
+        if key in self.masks:
+            return self.masks[key]
+        bs, idx = self.block_size, self.kv_indices[:, c0:c1]  # (Hp, C, K)
+        dev = idx.device
+        off = torch.arange(bs, device=dev)
+        q_idx = (torch.arange(c0, c1, device=dev)[None, :, None] * bs + off[None, None, :])[..., None]  # (1, C, bs, 1)
+        kv_idx = (idx[..., None] * bs + off).flatten(-2)[:, :, None, :]  # (Hp, C, 1, K·bs)
+        hp = idx.shape[0]
+        h = torch.arange(hp, device=dev)[:, None, None, None]
+        ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), h, q_idx, kv_idx)
+        ok = ok & (kv_idx < self.n)
+        # Padding slots repeat the last listed block: keep only its first occurrence.
+        first = torch.ones_like(idx, dtype=torch.bool)
+        first[..., 1:] = idx[..., 1:] != idx[..., :-1]
+        ok = ok & first.repeat_interleave(bs, -1)[:, :, None, :]
+        mask = torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill_(~ok, float("-inf"))
+        mask = mask.transpose(0, 1)  # (C, Hp, bs, K·bs): broadcasts over heads when Hp = 1
+        total = self.kv_indices.numel() * self.block_size * self.block_size  # the whole plan's mask
+        if total <= MASK_CACHE_ELEMENTS:
+            self.masks[key] = mask
+        return mask
+
+
+def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
+    lists = pattern.block_lists(num_heads, n, block_size, device)
+    idx = lists.indices.long()
+    per_block = num_heads * block_size * idx.shape[-1] * block_size  # score elements of one query block
+    chunk = max(1, _CHUNK_ELEMENTS // per_block)
+    return GatherPlan(n, block_size, idx, pattern, min(chunk, idx.shape[1]), {})
+
+
+def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
+    """(B, H, N, D) → zero-padded (B, H, nb, bs, D)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, nb * bs - x.shape[2])).unflatten(2, (nb, bs))
+
+
+def _gather(xb: Tensor, idx: Tensor) -> Tensor:
+    """xb (H, nb, bs, D), idx (Hp, C, K) → (C, H, K·bs, D)."""
+    h = xb.shape[0]
+    heads = torch.arange(h, device=xb.device)[:, None, None]
+    g = xb[heads, idx.expand(h, *idx.shape[1:])]  # (H, C, K, bs, D)
+    return g.flatten(2, 3).transpose(0, 1)
+
+
+def _kernel_fwd(q, k, v, mask, scale):
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                     scale=scale)[:2]
+        return out, lse
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale + mask
+    lse = s.logsumexp(-1)
+    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))  # empty row: P = 0, out = 0 (as the CPU kernel)
+    return ((s - lse[..., None]).exp() @ v.to(acc)).to(q.dtype), lse
+
+
+def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
+    acc = lse.dtype
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale + mask
+    p = (s - lse[..., None]).exp()
+    do_ = do.to(acc)
+    dv = p.transpose(-1, -2) @ do_
+    ds = p * (do_ @ v.to(acc).transpose(-1, -2) - (do_ * out.to(acc)).sum(-1, keepdim=True)) * scale
+    return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
+
+
+def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
+    """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
+    b, h, n, d = q.shape
+    bs, nb = plan.block_size, plan.num_blocks
+    qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
+    out = torch.empty_like(qb)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
+    for c0 in range(0, nb, plan.chunk):
+        c1 = min(nb, c0 + plan.chunk)
+        idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
+        for i in range(b):
+            qq = qb[i, :, c0:c1].transpose(0, 1)  # (C, H, bs, D)
+            o, l = _kernel_fwd(qq, _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
+            out[i, :, c0:c1] = o.transpose(0, 1)
+            lse[i, :, c0:c1] = l.transpose(0, 1)
+    return out.flatten(2, 3)[:, :, :n], lse.flatten(2, 3)[:, :, :n]
+
+
+def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    b, h, n, d = q.shape
+    bs, nb = plan.block_size, plan.num_blocks
+    qb, kb, vb, dob, ob = (_blocks(t, bs, nb) for t in (q, k, v, do, out))
+    lb = torch.nn.functional.pad(lse, (0, nb * bs - n)).unflatten(2, (nb, bs))
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
+    dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
+    heads = torch.arange(h, device=q.device)[:, None, None]
+    for c0 in range(0, nb, plan.chunk):
+        c1 = min(nb, c0 + plan.chunk)
+        idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
+        flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
+        for i in range(b):
+            t = lambda x: x[i, :, c0:c1].transpose(0, 1)  # noqa: E731  (C, H, bs, ·)
+            g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _gather(kb[i], idx), _gather(vb[i], idx), t(ob), t(lb),
+                                        mask, scale)
+            dq[i, :, c0:c1] += g_q.transpose(0, 1).to(acc)
+            for dst, g in ((dk, g_k), (dv, g_v)):
+                src = g.to(acc).transpose(0, 1).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
+                dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
+    return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype) for x in (dq, dk, dv))
+
+
+def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tensor, valid: Tensor, bias: Tensor,
+                              block_size: int, causal: bool, scale: float) -> Tensor:
+    """Exact attention over per-(batch, head, query block) chosen key blocks, in
+    plain differentiable ops (gradients reach ``bias``).
+
+    kv_indices, valid, bias: (B, H, Qb, K); chosen blocks must be distinct per row.
+    Returns (B, H, N, D)."""
+    b, h, n, d = q.shape
+    bs = block_size
+    nb = math.ceil(n / bs)
+    qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
+    bi = torch.arange(b, device=q.device)[:, None, None, None]
+    hi = torch.arange(h, device=q.device)[None, :, None, None]
+    kg = kb[bi, hi, kv_indices].flatten(3, 4)  # (B, H, Qb, K·bs, D)
+    vg = vb[bi, hi, kv_indices].flatten(3, 4)
+    off = torch.arange(bs, device=q.device)
+    kv_idx = (kv_indices[..., None] * bs + off).flatten(-2)[..., None, :]  # (B, H, Qb, 1, K·bs)
+    q_idx = (torch.arange(nb, device=q.device)[:, None] * bs + off)[..., None]  # (Qb, bs, 1)
+    ok = valid.repeat_interleave(bs, -1)[..., None, :] & (kv_idx < n)
+    if causal:
+        ok = ok & (kv_idx <= q_idx)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (qb.to(acc) @ kg.to(acc).transpose(-1, -2)) * scale + bias.to(acc).repeat_interleave(bs, -1)[..., None, :]
+    s = s.masked_fill(~ok, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return (p @ vg.to(acc)).to(q.dtype).flatten(2, 3)[:, :, :n]
