@@ -103,9 +103,17 @@ class Pattern:
         kv = pattern.block_lists(H, N, block_size, device)
         q = pattern.block_lists(H, N, block_size, device, transpose=True) if compute_q_blocks else None
 
+        nb = math.ceil(N / block_size)
+        # FlexAttention's own helpers (to_dense, _transpose_ordered) expect index
+        # lists as wide as the block count; pad to that while it is small. At
+        # large N the lists stay compact (the kernels only read the listed slots).
+        wide = H * nb * nb <= _CHUNK_ELEMENTS
+
         def expand(t):
             if t is None:
                 return None
+            if wide and t.dim() == 3 and t.shape[-1] < nb:
+                t = torch.cat([t, t[..., -1:].expand(*t.shape[:-1], nb - t.shape[-1])], -1)
             return t.unsqueeze(0).expand(B, H, *t.shape[1:]) if t.shape[0] == 1 else t.unsqueeze(0).expand(B, *t.shape)
 
         return BlockMask(

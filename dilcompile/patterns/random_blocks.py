@@ -30,21 +30,32 @@ def tile_hash(i, j, seed: int):
     return x ^ (x >> 16)
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, init=False)
 class random_blocks(Pattern):  # noqa: N801
-    density: float = 0.1  # fraction of tiles allowed (in expectation)
-    block_size: int = 128  # tile edge in tokens (the pattern's own; any BlockMask block size works)
-    seed: int = 0
+    rate: float  # fraction of tiles allowed (in expectation); the ``density`` argument
+    block_size: int  # tile edge in tokens (the pattern's own; any BlockMask block size works)
+    seed: int
 
     name = "random_blocks"
 
+    def __init__(self, density: float = 0.1, block_size: int = 128, seed: int = 0):
+        # The argument is ``density`` (the BigBird word); it is stored as ``rate``
+        # because ``density(n)`` is every pattern's measured-density method.
+        object.__setattr__(self, "rate", density)
+        object.__setattr__(self, "block_size", block_size)
+        object.__setattr__(self, "seed", seed)
+        self.__post_init__()
+
+    def __repr__(self) -> str:
+        return f"random_blocks(density={self.rate!r}, block_size={self.block_size}, seed={self.seed})"
+
     def __post_init__(self):
-        object.__setattr__(self, "density", check_fraction("density", self.density))
+        object.__setattr__(self, "rate", check_fraction("density", self.rate))
         object.__setattr__(self, "block_size", check_int("block_size", self.block_size, 1))
         object.__setattr__(self, "seed", check_int("seed", self.seed))
 
     def _threshold(self) -> int:
-        return int(self.density * (_MASK31 + 1))
+        return int(self.rate * (_MASK31 + 1))
 
     def _tile(self, i, j):
         return tile_hash(i, j, self.seed) < self._threshold()

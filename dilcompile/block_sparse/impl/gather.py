@@ -130,7 +130,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
             o, l = _kernel_fwd(qq, _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
             out[i, :, c0:c1] = o.transpose(0, 1)
             lse[i, :, c0:c1] = l.transpose(0, 1)
-    return out.flatten(2, 3)[:, :, :n], lse.flatten(2, 3)[:, :, :n]
+    return out.flatten(2, 3)[:, :, :n].contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
 
 def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
@@ -155,7 +155,7 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             for dst, g in ((dk, g_k), (dv, g_v)):
                 src = g.to(acc).transpose(0, 1).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
                 dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
-    return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype) for x in (dq, dk, dv))
+    return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
 def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tensor, valid: Tensor, bias: Tensor,
