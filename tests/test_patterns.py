@@ -121,3 +121,22 @@ def test_large_block_mask_builds_without_n_squared_memory():
     n = 1 << 18  # 262,144 tokens: a dense bool mask would be 64 GiB
     bm = local_window(256).block_mask(1, 1, n, 128)
     assert int(bm.kv_num_blocks.max()) == 5 and bm.kv_indices.numel() * 4 <= 64 << 20
+
+
+def test_pattern_pictures_figure_and_png(tmp_path):
+    import zlib
+
+    from dilcompile.patterns.plot import pattern_figure, pattern_grid, write_png
+
+    pat = dilated((32, 64), (1, 2))
+    grid, level = pattern_grid(pat, 200, num_heads=4, head=3, causal=True)
+    assert level == "token" and torch.equal(grid.bool(), causal(pat).with_heads(4).dense_mask(4, 200)[3])
+    grid, level = pattern_grid(local_window(600), 4096, block_size=256)
+    assert level == "block" and grid.shape == (16, 16) and set(grid.unique().tolist()) == {0, 1, 2}
+    fig = pattern_figure(local_window(100), 4096, block_size=256)
+    assert fig.data[0].z.shape == (16, 16)
+    path = write_png(tmp_path / "p.png", local_window(3), 20, scale=2)
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    raw = zlib.decompress(data[data.index(b"IDAT") + 4:-16])
+    assert len(raw) == 40 * (1 + 40 * 3)
