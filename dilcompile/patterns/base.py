@@ -76,6 +76,16 @@ class Pattern:
                     n: int) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def span(self, lo: Tensor, hi: Tensor, n: int, transpose: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Candidate partners of the rows ``[lo, hi]`` (token bounds, (R,)):
+        ``(prefix, band_lo, band_hi)`` — every allowed partner lies in
+        ``[0, prefix)`` or ``[band_lo, band_hi]`` (a superset is fine). Rows are
+        queries, partners keys; ``transpose`` swaps them. The builder evaluates
+        ``block_state`` on these candidates only, so banded patterns build in
+        O(N) instead of O(N²/bs²). Default: everything."""
+        zero = torch.zeros_like(lo)
+        return zero, zero, torch.full_like(hi, n - 1)
+
     def with_heads(self, num_heads: int) -> Pattern:
         """The pattern specialised to ``num_heads`` heads (head-dependent patterns only)."""
         return self
@@ -161,15 +171,16 @@ def _bounds(blocks: Tensor, bs: int, n: int) -> tuple[Tensor, Tensor]:
     return lo, torch.clamp(lo + bs - 1, max=n - 1)
 
 
-def _compact(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """(Hp, R, C) bool → counts (Hp, R) and the column ids of the Trues, left-aligned (Hp, R, max count)."""
+def _compact(mask: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
+    """(Hp, R, C) bool over candidate columns ``cols`` (R, C) (ascending per row)
+    → counts (Hp, R) and the listed column ids, left-aligned (Hp, R, max count)."""
     counts = mask.sum(-1)
     width = max(1, int(counts.max()) if counts.numel() else 1)
     idx = torch.zeros(*mask.shape[:-1], width, dtype=torch.int64, device=mask.device)
     hh, rr, cc = mask.nonzero(as_tuple=True)
     starts = counts.flatten().cumsum(0) - counts.flatten()  # first slot of each row in nonzero order
     pos = torch.arange(hh.numel(), device=mask.device) - starts[hh * mask.shape[1] + rr]
-    idx[hh, rr, pos] = cc
+    idx[hh, rr, pos] = cols[rr, cc]
     # Pad with the row's last listed block so gathers stay in range and sorted.
     last = idx.gather(-1, (counts - 1).clamp(min=0).unsqueeze(-1))
     slots = torch.arange(width, device=mask.device)
@@ -183,6 +194,38 @@ def _pad_cat(parts: list[Tensor], dim: int = 1) -> Tensor:
     return torch.cat(padded, dim)
 
 
+def _candidates(pattern: Pattern, rows: Tensor, bs: int, n: int, nb: int, transpose: bool):
+    """Candidate column blocks per row block: (R, C) ids ascending, (R, C) valid."""
+    lo, hi = _bounds(rows, bs, n)
+    prefix, band_lo, band_hi = pattern.span(lo, hi, n, transpose)
+    p_blocks = torch.clamp(-(-prefix // bs), 0, nb)  # (R,) blocks [0, p) hold the prefix
+    b_lo = torch.clamp(band_lo, 0, n - 1) // bs
+    b_hi = torch.clamp(band_hi, 0, n - 1) // bs
+    b_lo = torch.maximum(b_lo, p_blocks)  # the band starts after the prefix: no duplicates
+    width_p = int(p_blocks.max()) if rows.numel() else 0
+    width_b = max(1, int((b_hi - b_lo + 1).clamp(min=0).max()) if rows.numel() else 1)
+    ar_p = torch.arange(width_p, device=rows.device)
+    ar_b = torch.arange(width_b, device=rows.device)
+    cols = torch.cat([ar_p.expand(rows.numel(), width_p), b_lo[:, None] + ar_b], 1)
+    valid = torch.cat([ar_p < p_blocks[:, None], b_lo[:, None] + ar_b <= b_hi[:, None]], 1)
+    return torch.where(valid, cols, 0).clamp(max=nb - 1), valid
+
+
+def _row_chunks(pattern, nb, bs, n, hp, transpose, device):
+    lo, hi = _bounds(torch.arange(nb, device=device), bs, n)
+    prefix, b_lo, b_hi = pattern.span(lo, hi, n, transpose)
+    p_blocks = torch.clamp(-(-prefix // bs), 0, nb)
+    band = (torch.clamp(b_hi, 0, n - 1) // bs - torch.maximum(torch.clamp(b_lo, 0, n - 1) // bs, p_blocks) + 1)
+    width = (p_blocks + band.clamp(min=1)).tolist()
+    r0, widest = 0, 0
+    for r, w in enumerate(width):
+        widest = max(widest, w)
+        if (r + 1 - r0) * widest * hp > _CHUNK_ELEMENTS and r > r0:
+            yield r0, r
+            r0, widest = r, w
+    yield r0, nb
+
+
 def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int, device=None,
                       transpose: bool = False) -> BlockLists:
     if n < 1 or block_size < 1:
@@ -191,21 +234,23 @@ def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int,
     hp = num_heads if pattern.head_dependent else 1
     nb = math.ceil(n / block_size)
     h = torch.arange(hp, device=device)[:, None, None]
-    cols = torch.arange(nb, device=device)[None, None, :]
-    c_lo, c_hi = _bounds(cols, block_size, n)
-    rows_per_chunk = max(1, _CHUNK_ELEMENTS // (hp * nb))
+    # Chunk rows so that (heads, rows, candidates) stays near _CHUNK_ELEMENTS:
+    # candidate widths vary by row (global rows see everything, others a band).
     out = {k: [] for k in ("num", "idx", "fnum", "fidx")}
-    for r0 in range(0, nb, rows_per_chunk):
-        rows = torch.arange(r0, min(nb, r0 + rows_per_chunk), device=device)[None, :, None]
-        r_lo, r_hi = _bounds(rows, block_size, n)
+    for r0, r1 in _row_chunks(pattern, nb, block_size, n, hp, transpose, device):
+        rows = torch.arange(r0, r1, device=device)
+        cols, valid = _candidates(pattern, rows, block_size, n, nb, transpose)  # (R, C)
+        r_lo, r_hi = _bounds(rows[None, :, None], block_size, n)
+        c_lo, c_hi = _bounds(cols[None], block_size, n)
         if transpose:  # rows are key blocks, columns query blocks
             anyb, full = pattern.block_state(h, c_lo, c_hi, r_lo, r_hi, n)
         else:
             anyb, full = pattern.block_state(h, r_lo, r_hi, c_lo, c_hi, n)
-        shape = (hp, rows.shape[1], nb)
-        anyb, full = anyb.expand(shape), (full & anyb).expand(shape)
-        num, idx = _compact(anyb)
-        fnum, fidx = _compact(full)
+        shape = (hp, *cols.shape)
+        anyb = (anyb & valid).expand(shape)
+        full = (full & anyb).expand(shape)
+        num, idx = _compact(anyb, cols)
+        fnum, fidx = _compact(full, cols)
         for key, val in zip(out, (num, idx, fnum, fidx)):
             out[key].append(val)
     return BlockLists(torch.cat(out["num"], 1), _pad_cat(out["idx"]), torch.cat(out["fnum"], 1),

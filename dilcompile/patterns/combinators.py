@@ -48,6 +48,13 @@ class _Combined(Pattern):
 class union(_Combined):  # noqa: N801
     name = "union"
 
+    def span(self, lo, hi, n, transpose=False):
+        prefix, b_lo, b_hi = self.patterns[0].span(lo, hi, n, transpose)
+        for p in self.patterns[1:]:
+            q_prefix, q_lo, q_hi = p.span(lo, hi, n, transpose)
+            prefix, b_lo, b_hi = torch.maximum(prefix, q_prefix), torch.minimum(b_lo, q_lo), torch.maximum(b_hi, q_hi)
+        return prefix, b_lo, b_hi
+
     def mask_mod(self, b, h, q_idx, kv_idx):
         out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
         for p in self.patterns[1:]:
@@ -64,6 +71,9 @@ class union(_Combined):  # noqa: N801
 
 class intersection(_Combined):  # noqa: N801
     name = "intersection"
+
+    def span(self, lo, hi, n, transpose=False):
+        return self.patterns[0].span(lo, hi, n, transpose)  # any one pattern's candidates are a superset
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
@@ -98,6 +108,12 @@ class causal(Pattern):  # noqa: N801
     def with_heads(self, num_heads):
         inner = self.pattern.with_heads(num_heads)
         return self if inner is self.pattern else replace(self, pattern=inner)
+
+    def span(self, lo, hi, n, transpose=False):
+        prefix, b_lo, b_hi = self.pattern.span(lo, hi, n, transpose)
+        if transpose:  # rows are keys: queries at or after them
+            return prefix, torch.maximum(b_lo, lo), b_hi
+        return torch.minimum(prefix, hi + 1), b_lo, torch.minimum(b_hi, hi)
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         return self.pattern.mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)

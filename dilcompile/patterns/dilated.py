@@ -54,6 +54,12 @@ class dilated(Pattern):  # noqa: N801
             allowed = m if allowed is None else allowed | m
         return allowed
 
+    def span(self, lo, hi, n, transpose=False):
+        # Partners share a segment of some branch: the hull of the rows' segments over all branches.
+        b_lo = torch.stack([(lo // w) * w for w in self.segment_lengths]).amin(0)
+        b_hi = torch.stack([(hi // w + 1) * w - 1 for w in self.segment_lengths]).amax(0)
+        return torch.zeros_like(lo), b_lo, b_hi
+
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
         """any is exact: a part joins two blocks iff one segment has a kept row
         in each. Two distinct blocks share at most one segment (the one holding

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ._checks import check_int
 from .base import Pattern
 from .local_window import window_block_state
@@ -25,6 +27,13 @@ class global_local(Pattern):  # noqa: N801
     def mask_mod(self, b, h, q_idx, kv_idx):
         g = self.global_tokens
         return ((q_idx - kv_idx).abs() <= self.window) | (q_idx < g) | (kv_idx < g)
+
+    def span(self, lo, hi, n, transpose=False):
+        # Rows holding a global token see everything; others: the global prefix and their band.
+        g, w = self.global_tokens, self.window
+        is_global = lo < g
+        return (torch.full_like(lo, g), torch.where(is_global, torch.zeros_like(lo), lo - w),
+                torch.where(is_global, torch.full_like(hi, n - 1), hi + w))
 
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
         # any is exact. full: every pair is covered by one of the three rules on

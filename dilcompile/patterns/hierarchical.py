@@ -42,6 +42,10 @@ class hierarchical(Pattern):  # noqa: N801
             allowed = m if allowed is None else allowed | m
         return allowed
 
+    def span(self, lo, hi, n, transpose=False):
+        reach = max(s * (w + 1) for s, w in self.levels)  # |q − k| < s·(w + 1) on every level
+        return torch.zeros_like(lo), lo - reach, hi + reach
+
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
         """any exact per level: the coarse query indices form the interval
         [q_lo//s, q_hi//s]; the kept keys' coarse indices [ceil(k_lo/s), k_hi//s].

@@ -29,5 +29,8 @@ class local_window(Pattern):  # noqa: N801  (factory-style name, like attention-
     def mask_mod(self, b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() <= self.window
 
+    def span(self, lo, hi, n, transpose=False):
+        return torch.zeros_like(lo), lo - self.window, hi + self.window
+
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
         return window_block_state(q_lo, q_hi, k_lo, k_hi, self.window)

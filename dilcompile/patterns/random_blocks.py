@@ -21,12 +21,11 @@ _MASK31 = (1 << 31) - 1
 
 
 def tile_hash(i, j, seed: int):
-    """Uniform-ish integer in [0, 2^31) per (i, j): a few rounds of multiply /
-    xor-shift (31-bit so every product fits int64 without overflow)."""
+    """Uniform-ish integer in [0, 2^31) per (i, j): a murmur-style finaliser
+    kept to 31 bits so every product fits int64 without overflow."""
     x = (i * 92821 + j * 68917 + seed * 1103515245 + 12345) & _MASK31
-    for _ in range(3):
-        x = ((x ^ (x >> 15)) * 2246822519) & _MASK31
-        x = ((x ^ (x >> 13)) * 3266489917) & _MASK31
+    x = ((x ^ (x >> 15)) * 2246822519) & _MASK31
+    x = ((x ^ (x >> 13)) * 3266489917) & _MASK31
     return x ^ (x >> 16)
 
 
