@@ -36,34 +36,38 @@ class GatherPlan:
     kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
     chunk: int  # query blocks per kernel call
-    masks: dict  # (chunk start, dtype) → cached additive mask (chunk, Hp, bs, K·bs)
+    full: Tensor  # (Hp, Qb, K) bool: listed block whose every pair is allowed (no token mask needed)
+    masks: dict  # (chunk start, dtype) → cached additive mask (Hp, chunk, bs, K·bs)
 
     @property
     def num_blocks(self) -> int:
         return self.kv_indices.shape[1]
 
     def token_mask(self, c0: int, c1: int, dtype: torch.dtype) -> Tensor:
-        """Additive mask (c1 − c0, Hp, bs, K·bs): 0 where allowed, −inf elsewhere."""
+        """Additive mask (Hp, c1 − c0, bs, K·bs): 0 where allowed, −inf elsewhere
+        (broadcasts over heads when Hp = 1). Full blocks are 0 and list padding
+        −inf without evaluating anything; ``mask_mod`` runs on partial blocks only."""
         key = (c0, dtype)
         if key in self.masks:
             return self.masks[key]
         bs, idx = self.block_size, self.kv_indices[:, c0:c1]  # (Hp, C, K)
         dev = idx.device
-        off = torch.arange(bs, device=dev)
-        q_idx = (torch.arange(c0, c1, device=dev)[None, :, None] * bs + off[None, None, :])[..., None]  # (1, C, bs, 1)
-        kv_idx = (idx[..., None] * bs + off).flatten(-2)[:, :, None, :]  # (Hp, C, 1, K·bs)
-        hp = idx.shape[0]
-        h = torch.arange(hp, device=dev)[:, None, None, None]
-        ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), h, q_idx, kv_idx)
-        ok = ok & (kv_idx < self.n)
-        # Padding slots repeat the last listed block: keep only its first occurrence.
+        hp, c, k = idx.shape
+        # Padding slots repeat the last listed block: only its first occurrence counts.
         first = torch.ones_like(idx, dtype=torch.bool)
         first[..., 1:] = idx[..., 1:] != idx[..., :-1]
-        ok = ok & first.repeat_interleave(bs, -1)[:, :, None, :]
-        mask = torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill_(~ok, float("-inf"))
-        mask = mask.transpose(0, 1)  # (C, Hp, bs, K·bs): broadcasts over heads when Hp = 1
-        total = self.kv_indices.numel() * self.block_size * self.block_size  # the whole plan's mask
-        if total <= MASK_CACHE_ELEMENTS:
+        mask = torch.zeros(hp, c, bs, k, bs, dtype=dtype, device=dev)
+        mask.masked_fill_(~first[:, :, None, :, None], float("-inf"))
+        hh, cc, ss = (first & ~self.full[:, c0:c1]).nonzero(as_tuple=True)
+        if hh.numel():
+            off = torch.arange(bs, device=dev)
+            q_idx = ((c0 + cc) * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+            kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
+            ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), hh[:, None, None], q_idx, kv_idx)
+            ok = ok & (kv_idx < self.n)
+            mask[hh, cc, :, ss, :] = torch.zeros((), dtype=dtype, device=dev).masked_fill(~ok, float("-inf"))
+        mask = mask.flatten(3, 4)
+        if self.kv_indices.numel() * bs * bs <= MASK_CACHE_ELEMENTS:  # the whole plan's mask fits: keep it
             self.masks[key] = mask
         return mask
 
@@ -73,20 +77,31 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     idx = lists.indices.long()
     per_block = num_heads * block_size * idx.shape[-1] * block_size  # score elements of one query block
     chunk = max(1, _CHUNK_ELEMENTS // per_block)
-    return GatherPlan(n, block_size, idx, pattern, min(chunk, idx.shape[1]), {})
+    # A listed block is full iff it is in the row's (sorted) full list; the last
+    # block is never full when N is not a multiple of the block size (its padding keys).
+    fidx = lists.full_indices.long()
+    pos = torch.searchsorted(fidx, idx).clamp(max=fidx.shape[-1] - 1)
+    in_list = (fidx.gather(-1, pos) == idx) & (pos < lists.full_num.long()[..., None])
+    full = in_list & ~((idx == idx.shape[1] - 1) & (n % block_size != 0))
+    return GatherPlan(n, block_size, idx, pattern, min(chunk, idx.shape[1]), full, {})
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
-    """(B, H, N, D) → zero-padded (B, H, nb, bs, D)."""
-    return torch.nn.functional.pad(x, (0, 0, 0, nb * bs - x.shape[2])).unflatten(2, (nb, bs))
+    """(B, H, N, D) → (B, H, nb, bs, D), zero-padded (a view when bs divides N)."""
+    if nb * bs != x.shape[2]:
+        x = torch.nn.functional.pad(x, (0, 0, 0, nb * bs - x.shape[2]))
+    return x.unflatten(2, (nb, bs))
 
 
 def _gather(xb: Tensor, idx: Tensor) -> Tensor:
-    """xb (H, nb, bs, D), idx (Hp, C, K) → (C, H, K·bs, D)."""
+    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D). The kernel sees H
+    as its batch and the C query blocks as its heads, so q, the output and the
+    mask are plain slices — no transposes."""
     h = xb.shape[0]
+    if idx.shape[0] == 1:
+        return xb[:, idx[0]].flatten(2, 3)  # (H, C, K, bs, D) → (H, C, K·bs, D)
     heads = torch.arange(h, device=xb.device)[:, None, None]
-    g = xb[heads, idx.expand(h, *idx.shape[1:])]  # (H, C, K, bs, D)
-    return g.flatten(2, 3).transpose(0, 1)
+    return xb[heads, idx].flatten(2, 3)
 
 
 def _kernel_fwd(q, k, v, mask, scale):
@@ -119,17 +134,16 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
-    out = torch.empty_like(qb)
+    out = torch.empty(b, h, nb, bs, d, dtype=q.dtype, device=q.device)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
     for c0 in range(0, nb, plan.chunk):
         c1 = min(nb, c0 + plan.chunk)
         idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
         for i in range(b):
-            qq = qb[i, :, c0:c1].transpose(0, 1)  # (C, H, bs, D)
-            o, l = _kernel_fwd(qq, _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
-            out[i, :, c0:c1] = o.transpose(0, 1)
-            lse[i, :, c0:c1] = l.transpose(0, 1)
+            o, l = _kernel_fwd(qb[i, :, c0:c1], _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
+            out[i, :, c0:c1] = o  # (H, C, bs, D)
+            lse[i, :, c0:c1] = l
     return out.flatten(2, 3)[:, :, :n].contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
 
@@ -148,12 +162,12 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
         flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
         for i in range(b):
-            t = lambda x: x[i, :, c0:c1].transpose(0, 1)  # noqa: E731  (C, H, bs, ·)
+            t = lambda x: x[i, :, c0:c1]  # noqa: E731  (H, C, bs, ·)
             g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _gather(kb[i], idx), _gather(vb[i], idx), t(ob), t(lb),
                                         mask, scale)
-            dq[i, :, c0:c1] += g_q.transpose(0, 1).to(acc)
+            dq[i, :, c0:c1] += g_q.to(acc)
             for dst, g in ((dk, g_k), (dv, g_v)):
-                src = g.to(acc).transpose(0, 1).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
+                src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
                 dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
