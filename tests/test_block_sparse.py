@@ -129,17 +129,6 @@ def test_adaptive_exact_on_chosen_blocks_trains_and_is_deterministic_in_eval():
     assert torch.equal(a, b)
 
 
-def test_flex_backend_cpu_inference_matches_reference():
-    pattern = dilated((16, 32), (1, 2))
-    q, k, v = random_qkv(1, 2, 100, 8, dtype=torch.float32)
-    with torch.no_grad():
-        out = block_sparse_attention(q, k, v, pattern, causal=True, impl="flex")
-    ref = _sdpa_masked(q.double(), k.double(), v.double(), pattern, True)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="inference-only"):
-        block_sparse_attention(q.requires_grad_(), k, v, pattern, impl="flex")
-
-
 @pytest.mark.parametrize("kwargs, err", [
     (dict(pattern=3), TypeError), (dict(pattern="nope"), ValueError), (dict(impl="cuda"), ValueError),
     (dict(causal=1), TypeError), (dict(scale=-1.0), ValueError), (dict(block_size=0), ValueError),
@@ -151,3 +140,24 @@ def test_bad_input_raises(kwargs, err):
         block_sparse_attention(q, k, v, **kw)
     with pytest.raises(ValueError):
         block_sparse_attention(q, k[:, :, :5], v, local_window(2))
+
+
+def test_flex_cpu_inference_and_inside_compile_with_a_prepared_mask(fresh_dynamo):
+    """FlexAttention on CPU: inference only, compiled; one compile of the module
+    (the eager call compiles flex_attention itself)."""
+    from dilcompile.block_sparse import cache
+
+    cache.clear()
+    pattern = dilated((16, 32), (1, 2))
+    module = BlockSparseAttention(pattern, impl="flex", causal=True, block_size=64)
+    q, k, v = random_qkv(1, 2, 100, 16, dtype=torch.float32)
+    want = _sdpa_masked(q.double(), k.double(), v.double(), pattern, True)
+    compiled = torch.compile(module, fullgraph=True)
+    with torch.no_grad():
+        with pytest.raises(Exception, match="prepare"):
+            compiled(q, k, v)
+        torch._dynamo.reset()
+        module.prepare(1, 2, 100)
+        torch.testing.assert_close(compiled(q, k, v).double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="inference-only"):
+        block_sparse_attention(q.requires_grad_(), k, v, pattern, impl="flex")

@@ -43,6 +43,9 @@ def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: boo
 
     auto: "flex" on CUDA for static patterns (training and inference), "gather"
     on CPU (FlexAttention on CPU has no backward) and for data-dependent patterns.
+    Inside ``torch.compile`` the BlockMask cannot be built (its block lists have
+    data-dependent sizes), so there auto keeps "flex" only when the mask is
+    already cached — run the call once eagerly, or ``BlockSparseAttention.prepare``.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -108,8 +111,17 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
         bound = (causal_of(pattern) if causal else pattern).with_heads(h)
         return masked_attention_reference(q, k, v, bound.dense_mask(h, n, q.device), float(scale)).to(q.dtype)
     if chosen == "flex":
-        bound = (causal_of(pattern) if causal else pattern).with_heads(h)
-        return flex_forward(q, k, v, cache.block_mask(bound, b, h, n, block_size, q.device), float(scale))
+        if torch.compiler.is_compiling() and not cache.has_block_mask(pattern, causal, b, h, n, block_size, q.device):
+            if impl == "flex":
+                raise ValueError("impl='flex' inside torch.compile needs its BlockMask built beforehand: call "
+                                 "block_sparse_attention once eagerly with the same shapes, or "
+                                 "BlockSparseAttention.prepare(batch, num_heads, seq_len, device)")
+            chosen = "gather"  # auto: the custom op compiles without a prebuilt mask
+    if chosen == "flex":
+        return flex_forward(q, k, v, cache.block_mask(pattern, causal, b, h, n, block_size, q.device), float(scale))
+    if not hasattr(pattern, "_structure"):
+        raise ValueError(f"pattern {pattern!r} was built inside torch.compile; build it outside the compiled "
+                         "function (or hold it on the module) and pass it in")
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
                                                    float(scale), block_size)
     return out

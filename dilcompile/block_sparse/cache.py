@@ -35,11 +35,22 @@ def gather_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gat
     return _get(key, lambda: make_plan(pattern, num_heads, n, block_size, device))
 
 
-def block_mask(pattern, batch: int, num_heads: int, n: int, block_size: int, device):
-    """FlexAttention BlockMask (batch broadcast: the patterns do not depend on b)."""
-    device = torch.device(device)
-    key = ("flex", pattern, n, block_size, str(device), num_heads, batch)
-    return _get(key, lambda: pattern.block_mask(batch, num_heads, n, block_size, device))
+def _flex_key(pattern, causal, batch, num_heads, n, block_size, device):
+    return ("flex", pattern, causal, n, block_size, str(torch.device(device)), num_heads, batch)
+
+
+def block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_size: int, device):
+    """FlexAttention BlockMask of ``pattern`` (unbound: heads and causal are
+    applied when building, so a lookup constructs nothing — compiled code can
+    look a prepared mask up)."""
+    def build():
+        return pattern.block_mask(batch, num_heads, n, block_size, device, causal=causal)
+
+    return _get(_flex_key(pattern, causal, batch, num_heads, n, block_size, device), build)
+
+
+def has_block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_size: int, device) -> bool:
+    return _flex_key(pattern, causal, batch, num_heads, n, block_size, device) in _entries
 
 
 def clear() -> None:

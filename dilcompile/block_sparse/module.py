@@ -38,5 +38,16 @@ class BlockSparseAttention(nn.Module):
         return block_sparse_attention(q, k, v, self.pattern, causal=c.causal if causal is None else causal,
                                       scale=c.scale, impl=c.impl, block_size=c.block_size)
 
+    def prepare(self, batch: int, num_heads: int, seq_len: int, device="cpu", causal: bool | None = None) -> None:
+        """Build and cache the FlexAttention BlockMask for this shape eagerly, so
+        a compiled forward can use ``impl="flex"`` (masks cannot be built inside
+        ``torch.compile``). The gather backend needs no preparation."""
+        from . import cache
+
+        c = self.config
+        causal = c.causal if causal is None else causal
+        if not self.pattern.data_dependent:
+            cache.block_mask(self.pattern, causal, batch, num_heads, seq_len, c.block_size, device)
+
     def extra_repr(self) -> str:
         return f"pattern={self.pattern!r}, causal={self.config.causal}, block_size={self.config.block_size}"

@@ -65,6 +65,8 @@ class Pattern:
         so Dynamo guards on the structure and feeds the numbers as an input."""
         from .spec import template
 
+        if torch.compiler.is_compiling():  # built inside a trace (e.g. a bound copy): no op arguments needed
+            return
         structure, numbers = template(self)
         object.__setattr__(self, "_structure", structure)
         object.__setattr__(self, "_numbers", torch.tensor(numbers, dtype=torch.float64))
