@@ -103,11 +103,13 @@ class adaptive(Pattern, nn.Module):  # noqa: N801
 
         with torch.no_grad():
             idx, valid, _ = self.select(q, k, causal)
-        idx, _ = torch.where(valid, idx, idx.shape[-1] * 0 + torch.iinfo(torch.int32).max).sort(-1)
+        idx, _ = torch.where(valid, idx, torch.iinfo(torch.int32).max).sort(-1)  # chosen blocks first, ascending
         num = valid.sum(-1).to(torch.int32)
         last = idx.gather(-1, (num.long() - 1).clamp(min=0).unsqueeze(-1))
         idx = torch.where(torch.arange(idx.shape[-1], device=idx.device) < num.unsqueeze(-1), idx, last)
         n = q.shape[2]
+        nb = math.ceil(n / self.config.block_size)
+        idx = torch.cat([idx, last.expand(*idx.shape[:-1], nb - idx.shape[-1])], -1)  # FlexAttention wants Kb wide
 
         def mask_mod(b, h, q_idx, kv_idx):
             return (kv_idx <= q_idx) if causal else (kv_idx >= 0)
