@@ -22,7 +22,7 @@ from torch import Tensor
 aten = torch.ops.aten
 
 # Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
-MASK_CACHE_ELEMENTS = 1 << 25
+MASK_CACHE_ELEMENTS = 1 << 26
 # Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
 _CHUNK_ELEMENTS = 1 << 24
 
@@ -35,7 +35,7 @@ class GatherPlan:
     block_size: int
     kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
-    chunk: int  # query blocks per kernel call
+    chunks: list  # (first query block, end, K): one kernel call each, lists trimmed to K slots
     full: Tensor  # (Hp, Qb, K) bool: listed block whose every pair is allowed (no token mask needed)
     masks: dict  # (chunk start, dtype) → cached additive mask (Hp, chunk, bs, K·bs)
 
@@ -43,14 +43,14 @@ class GatherPlan:
     def num_blocks(self) -> int:
         return self.kv_indices.shape[1]
 
-    def token_mask(self, c0: int, c1: int, dtype: torch.dtype) -> Tensor:
+    def token_mask(self, c0: int, c1: int, k: int, dtype: torch.dtype) -> Tensor:
         """Additive mask (Hp, c1 − c0, bs, K·bs): 0 where allowed, −inf elsewhere
         (broadcasts over heads when Hp = 1). Full blocks are 0 and list padding
         −inf without evaluating anything; ``mask_mod`` runs on partial blocks only."""
         key = (c0, dtype)
         if key in self.masks:
             return self.masks[key]
-        bs, idx = self.block_size, self.kv_indices[:, c0:c1]  # (Hp, C, K)
+        bs, idx = self.block_size, self.kv_indices[:, c0:c1, :k]  # (Hp, C, K)
         dev = idx.device
         hp, c, k = idx.shape
         # Padding slots repeat the last listed block: only its first occurrence counts.
@@ -58,7 +58,7 @@ class GatherPlan:
         first[..., 1:] = idx[..., 1:] != idx[..., :-1]
         mask = torch.zeros(hp, c, bs, k, bs, dtype=dtype, device=dev)
         mask.masked_fill_(~first[:, :, None, :, None], float("-inf"))
-        hh, cc, ss = (first & ~self.full[:, c0:c1]).nonzero(as_tuple=True)
+        hh, cc, ss = (first & ~self.full[:, c0:c1, :k]).nonzero(as_tuple=True)
         if hh.numel():
             off = torch.arange(bs, device=dev)
             q_idx = ((c0 + cc) * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
@@ -67,7 +67,8 @@ class GatherPlan:
             ok = ok & (kv_idx < self.n)
             mask[hh, cc, :, ss, :] = torch.zeros((), dtype=dtype, device=dev).masked_fill(~ok, float("-inf"))
         mask = mask.flatten(3, 4)
-        if self.kv_indices.numel() * bs * bs <= MASK_CACHE_ELEMENTS:  # the whole plan's mask fits: keep it
+        whole = sum((e - b) * w for b, e, w in self.chunks) * hp * bs * bs
+        if whole <= MASK_CACHE_ELEMENTS:  # the whole plan's mask fits: keep it
             self.masks[key] = mask
         return mask
 
@@ -75,15 +76,33 @@ class GatherPlan:
 def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
     lists = pattern.block_lists(num_heads, n, block_size, device)
     idx = lists.indices.long()
-    per_block = num_heads * block_size * idx.shape[-1] * block_size  # score elements of one query block
-    chunk = max(1, _CHUNK_ELEMENTS // per_block)
+    counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
+    chunks = _chunks(counts, num_heads * block_size * block_size)
     # A listed block is full iff it is in the row's (sorted) full list; the last
     # block is never full when N is not a multiple of the block size (its padding keys).
     fidx = lists.full_indices.long()
     pos = torch.searchsorted(fidx, idx).clamp(max=fidx.shape[-1] - 1)
     in_list = (fidx.gather(-1, pos) == idx) & (pos < lists.full_num.long()[..., None])
     full = in_list & ~((idx == idx.shape[1] - 1) & (n % block_size != 0))
-    return GatherPlan(n, block_size, idx, pattern, min(chunk, idx.shape[1]), full, {})
+    return GatherPlan(n, block_size, idx, pattern, chunks, full, {})
+
+
+def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
+    """Cut the query blocks into contiguous chunks, each padded to its widest
+    row: a chunk ends when its scores would pass _CHUNK_ELEMENTS or padding
+    would waste over a third of it (so a few wide rows — global tokens — do
+    not make every row wide)."""
+    chunks, r0, widest, total = [], 0, 0, 0
+    for r, c in enumerate(counts):
+        c = max(1, c)
+        rows = r - r0 + 1
+        wider = max(widest, c)
+        if r > r0 and (rows * wider * per_slot > _CHUNK_ELEMENTS or rows * wider > 1.5 * (total + c)):
+            chunks.append((r0, r, widest))
+            r0, wider, total = r, c, 0
+        widest, total = wider, total + c
+    chunks.append((r0, len(counts), widest))
+    return chunks
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -137,9 +156,8 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     out = torch.empty(b, h, nb, bs, d, dtype=q.dtype, device=q.device)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
-    for c0 in range(0, nb, plan.chunk):
-        c1 = min(nb, c0 + plan.chunk)
-        idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
+    for c0, c1, kk in plan.chunks:
+        idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
         for i in range(b):
             o, l = _kernel_fwd(qb[i, :, c0:c1], _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
             out[i, :, c0:c1] = o  # (H, C, bs, D)
@@ -157,9 +175,8 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     heads = torch.arange(h, device=q.device)[:, None, None]
-    for c0 in range(0, nb, plan.chunk):
-        c1 = min(nb, c0 + plan.chunk)
-        idx, mask = plan.kv_indices[:, c0:c1], plan.token_mask(c0, c1, q.dtype)
+    for c0, c1, kk in plan.chunks:
+        idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
         flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
         for i in range(b):
             t = lambda x: x[i, :, c0:c1]  # noqa: E731  (H, C, bs, ·)
