@@ -13,7 +13,7 @@ import torch
 
 from .impl.gather import GatherPlan, make_plan
 
-_MAX_ENTRIES = 32
+_MAX_ENTRIES = 16  # a gather plan may hold up to ~512 MB of cached mask
 _entries: OrderedDict = OrderedDict()
 
 

@@ -22,7 +22,8 @@ from torch import Tensor
 aten = torch.ops.aten
 
 # Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
-MASK_CACHE_ELEMENTS = 1 << 26
+MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
+BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
 # Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
 _CHUNK_ELEMENTS = 1 << 24
 
@@ -45,32 +46,40 @@ class GatherPlan:
 
     def token_mask(self, c0: int, c1: int, k: int, dtype: torch.dtype) -> Tensor:
         """Additive mask (Hp, c1 − c0, bs, K·bs): 0 where allowed, −inf elsewhere
-        (broadcasts over heads when Hp = 1). Full blocks are 0 and list padding
-        −inf without evaluating anything; ``mask_mod`` runs on partial blocks only."""
-        key = (c0, dtype)
-        if key in self.masks:
-            return self.masks[key]
+        (broadcasts over heads when Hp = 1). Cached as floats when the plan's
+        whole mask is small, as bools (4× smaller, one cheap conversion per
+        call) when it is moderate; rebuilt per call beyond that."""
+        if (c0, dtype) in self.masks:
+            return self.masks[(c0, dtype)]
+        allowed = self.masks.get((c0, "bool"))
+        if allowed is None:
+            allowed = self._allowed(c0, c1, k)
+        whole = sum((e - b) * w for b, e, w in self.chunks) * allowed.shape[0] * self.block_size ** 2
+        mask = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+        if whole <= MASK_CACHE_ELEMENTS:
+            self.masks[(c0, dtype)] = mask
+        elif whole <= BOOL_MASK_CACHE_ELEMENTS:
+            self.masks[(c0, "bool")] = allowed
+        return mask
+
+    def _allowed(self, c0: int, c1: int, k: int) -> Tensor:
+        """(Hp, C, bs, K·bs) bool. Full blocks are True and list padding False
+        without evaluating anything; ``mask_mod`` runs on partial blocks only."""
         bs, idx = self.block_size, self.kv_indices[:, c0:c1, :k]  # (Hp, C, K)
         dev = idx.device
         hp, c, k = idx.shape
         # Padding slots repeat the last listed block: only its first occurrence counts.
         first = torch.ones_like(idx, dtype=torch.bool)
         first[..., 1:] = idx[..., 1:] != idx[..., :-1]
-        mask = torch.zeros(hp, c, bs, k, bs, dtype=dtype, device=dev)
-        mask.masked_fill_(~first[:, :, None, :, None], float("-inf"))
+        allowed = first[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
         hh, cc, ss = (first & ~self.full[:, c0:c1, :k]).nonzero(as_tuple=True)
         if hh.numel():
             off = torch.arange(bs, device=dev)
             q_idx = ((c0 + cc) * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
             kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
             ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), hh[:, None, None], q_idx, kv_idx)
-            ok = ok & (kv_idx < self.n)
-            mask[hh, cc, :, ss, :] = torch.zeros((), dtype=dtype, device=dev).masked_fill(~ok, float("-inf"))
-        mask = mask.flatten(3, 4)
-        whole = sum((e - b) * w for b, e, w in self.chunks) * hp * bs * bs
-        if whole <= MASK_CACHE_ELEMENTS:  # the whole plan's mask fits: keep it
-            self.masks[key] = mask
-        return mask
+            allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
+        return allowed.flatten(3, 4)
 
 
 def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
