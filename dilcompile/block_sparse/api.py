@@ -1,0 +1,138 @@
+"""``block_sparse_attention``: validate, choose the backend, dispatch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..patterns import Pattern, from_spec
+from ..patterns import causal as causal_of
+from . import cache
+from . import ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_*)
+from .config import IMPLS
+from .impl.flex import flex_forward
+from .impl.gather import gather_attention_autograd
+from .impl.reference import masked_attention_reference
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}; "
+                             "for (B, N, H, D) inputs use x.transpose(1, 2)")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; use one of {_DTYPES}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
+                             "block-sparse attention needs q, k, v of one shape (B, H, N, D)")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast them to one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
+
+
+def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: bool | None = None) -> str:
+    """The backend ``impl`` resolves to for this input; raises if it cannot serve it.
+
+    auto: "flex" on CUDA for static patterns (training and inference), "gather"
+    on CPU (FlexAttention on CPU has no backward) and for data-dependent patterns.
+    Inside ``torch.compile`` the BlockMask cannot be built (its block lists have
+    data-dependent sizes), so there auto keeps "flex" only when the mask is
+    already cached — run the call once eagerly, or ``BlockSparseAttention.prepare``.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and q.requires_grad
+    if impl == "auto":
+        return "flex" if q.device.type == "cuda" and not pattern.data_dependent and q.dtype != torch.float64 \
+            else "gather"
+    if impl == "flex":
+        if pattern.data_dependent:
+            raise ValueError("impl='flex' does not take the adaptive pattern's learned selection; use impl='gather'")
+        if q.device.type == "cpu" and needs_grad:
+            raise ValueError("impl='flex' on CPU is inference-only in torch ≤ 2.13 (no backward): use "
+                             "impl='gather' for training, or run under torch.no_grad()")
+    return impl
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: bool = False,
+                           scale: float | None = None, impl: str = "auto", block_size: int = 128) -> Tensor:
+    """Softmax attention restricted to the pairs ``pattern`` allows — exactly
+    ``scaled_dot_product_attention`` with the dense boolean mask, joint
+    normalisation over all allowed keys; a row with no allowed key outputs 0.
+
+    Args:
+        q, k, v: (B, H, N, D), one dtype and device.
+        pattern: a ``dilcompile.patterns`` pattern or a spec string
+            (``"local_window(window=256)"``).
+        causal: also require key ≤ query.
+        scale: softmax scale, default 1/sqrt(D).
+        impl: "gather" (block gather + fused kernel, any device, with
+            backward), "flex" (FlexAttention: CUDA train/infer, CPU inference),
+            "reference" (float64 oracle, O(N²) memory) or "auto"
+            (see :func:`choose_impl`).
+        block_size: tokens per block (adaptive patterns use their own).
+
+    Returns:
+        (B, H, N, D) in q.dtype.
+    """
+    _check_qkv(q, k, v)
+    if isinstance(pattern, str):
+        pattern = from_spec(pattern)
+    if not isinstance(pattern, Pattern):
+        raise TypeError(f"pattern must be a dilcompile.patterns pattern or a spec string, got {type(pattern).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int (e.g. 128), got {block_size!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    chosen = choose_impl(q, pattern, impl, torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    b, h, n, _ = q.shape
+
+    if pattern.data_dependent:
+        idx, valid, bias = pattern.select(q, k, causal)
+        if chosen == "reference":
+            mask = _selection_mask(idx, valid, pattern.config.block_size, n, causal)
+            return masked_attention_reference(q, k, v, mask, float(scale)).to(q.dtype)
+        return gather_attention_autograd(q, k, v, idx, valid, bias, pattern.config.block_size, causal, float(scale))
+
+    if chosen == "reference":
+        bound = (causal_of(pattern) if causal else pattern).with_heads(h)
+        return masked_attention_reference(q, k, v, bound.dense_mask(h, n, q.device), float(scale)).to(q.dtype)
+    if chosen == "flex":
+        if torch.compiler.is_compiling() and not cache.has_block_mask(pattern, causal, b, h, n, block_size, q.device):
+            if impl == "flex":
+                raise ValueError("impl='flex' inside torch.compile needs its BlockMask built beforehand: call "
+                                 "block_sparse_attention once eagerly with the same shapes, or "
+                                 "BlockSparseAttention.prepare(batch, num_heads, seq_len, device)")
+            chosen = "gather"  # auto: the custom op compiles without a prebuilt mask
+    if chosen == "flex":
+        return flex_forward(q, k, v, cache.block_mask(pattern, causal, b, h, n, block_size, q.device), float(scale))
+    if not hasattr(pattern, "_structure"):
+        raise ValueError(f"pattern {pattern!r} was built inside torch.compile; build it outside the compiled "
+                         "function (or hold it on the module) and pass it in")
+    out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
+                                                   float(scale), block_size)
+    return out
+
+
+def _selection_mask(idx: Tensor, valid: Tensor, bs: int, n: int, causal: bool) -> Tensor:
+    """(B, H, N, N) bool of the adaptive selection (reference path)."""
+    nb = math.ceil(n / bs)
+    blocks = torch.zeros(*idx.shape[:-1], nb + 1, dtype=torch.bool, device=idx.device)
+    blocks.scatter_(-1, torch.where(valid, idx, nb), True)
+    mask = blocks[..., :nb].repeat_interleave(bs, -1).repeat_interleave(bs, -2)[..., :n, :n]
+    if causal:
+        mask = mask & torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
+    return mask

@@ -1,0 +1,61 @@
+"""Mask cache: block lists, gather plans and BlockMasks, keyed by
+(pattern, N, block size, device, heads[, batch]).
+
+Patterns are frozen dataclasses, so equal parameters hit the same entry. The
+cache is bounded (least recently used entries are dropped); ``clear()``
+empties it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from .impl.gather import GatherPlan, make_plan
+
+_MAX_ENTRIES = 16  # a gather plan may hold up to ~512 MB of cached mask
+_entries: OrderedDict = OrderedDict()
+
+
+def _get(key, build):
+    if key in _entries:
+        _entries.move_to_end(key)
+        return _entries[key]
+    value = build()
+    _entries[key] = value
+    while len(_entries) > _MAX_ENTRIES:
+        _entries.popitem(last=False)
+    return value
+
+
+def gather_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
+    """``pattern`` must already be head-bound and carry its causal restriction."""
+    device = torch.device(device)
+    key = ("gather", pattern, n, block_size, str(device), num_heads if pattern.head_dependent else 1)
+    return _get(key, lambda: make_plan(pattern, num_heads, n, block_size, device))
+
+
+def _flex_key(pattern, causal, batch, num_heads, n, block_size, device):
+    return ("flex", pattern, causal, n, block_size, str(torch.device(device)), num_heads, batch)
+
+
+def block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_size: int, device):
+    """FlexAttention BlockMask of ``pattern`` (unbound: heads and causal are
+    applied when building, so a lookup constructs nothing — compiled code can
+    look a prepared mask up)."""
+    def build():
+        return pattern.block_mask(batch, num_heads, n, block_size, device, causal=causal)
+
+    return _get(_flex_key(pattern, causal, batch, num_heads, n, block_size, device), build)
+
+
+def has_block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_size: int, device) -> bool:
+    return _flex_key(pattern, causal, batch, num_heads, n, block_size, device) in _entries
+
+
+def clear() -> None:
+    _entries.clear()
+
+
+def size() -> int:
+    return len(_entries)

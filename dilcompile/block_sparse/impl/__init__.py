@@ -1,0 +1,1 @@
+"""Block-sparse backends. They never import each other."""

@@ -1,0 +1,226 @@
+"""Block-gather backend: every query block attends the key blocks its
+pattern lists, gathered into one dense batch.
+
+For a chunk of query blocks the listed key blocks are gathered into
+``(chunk, H, K·bs, D)`` and one fused-kernel call does the chunk, with an
+additive mask (0 / −inf) for the token-level pattern, the sequence end and
+list padding. On CPU that kernel is ATen's flash attention (mask + log-sum-exp
++ backward); elsewhere an explicit-softmax kernel. The backward re-gathers,
+calls the kernel backward with the saved (out, lse) and scatter-adds dk, dv
+back to their blocks. Pure tensor code, so it also runs under autograd
+directly (``gather_attention_autograd``, used by the data-dependent pattern).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+aten = torch.ops.aten
+
+# Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
+MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
+BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
+# Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
+_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass
+class GatherPlan:
+    """What the gather backend needs for one (pattern, N, block size, device, heads)."""
+
+    n: int
+    block_size: int
+    kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
+    pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
+    chunks: list  # (first query block, end, K): one kernel call each, lists trimmed to K slots
+    full: Tensor  # (Hp, Qb, K) bool: listed block whose every pair is allowed (no token mask needed)
+    masks: dict  # (chunk start, dtype) → cached additive mask (Hp, chunk, bs, K·bs)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_indices.shape[1]
+
+    def token_mask(self, c0: int, c1: int, k: int, dtype: torch.dtype) -> Tensor:
+        """Additive mask (Hp, c1 − c0, bs, K·bs): 0 where allowed, −inf elsewhere
+        (broadcasts over heads when Hp = 1). Cached as floats when the plan's
+        whole mask is small, as bools (4× smaller, one cheap conversion per
+        call) when it is moderate; rebuilt per call beyond that."""
+        if (c0, dtype) in self.masks:
+            return self.masks[(c0, dtype)]
+        allowed = self.masks.get((c0, "bool"))
+        if allowed is None:
+            allowed = self._allowed(c0, c1, k)
+        whole = sum((e - b) * w for b, e, w in self.chunks) * allowed.shape[0] * self.block_size ** 2
+        mask = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+        if whole <= MASK_CACHE_ELEMENTS:
+            self.masks[(c0, dtype)] = mask
+        elif whole <= BOOL_MASK_CACHE_ELEMENTS:
+            self.masks[(c0, "bool")] = allowed
+        return mask
+
+    def _allowed(self, c0: int, c1: int, k: int) -> Tensor:
+        """(Hp, C, bs, K·bs) bool. Full blocks are True and list padding False
+        without evaluating anything; ``mask_mod`` runs on partial blocks only."""
+        bs, idx = self.block_size, self.kv_indices[:, c0:c1, :k]  # (Hp, C, K)
+        dev = idx.device
+        hp, c, k = idx.shape
+        # Padding slots repeat the last listed block: only its first occurrence counts.
+        first = torch.ones_like(idx, dtype=torch.bool)
+        first[..., 1:] = idx[..., 1:] != idx[..., :-1]
+        allowed = first[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
+        hh, cc, ss = (first & ~self.full[:, c0:c1, :k]).nonzero(as_tuple=True)
+        if hh.numel():
+            off = torch.arange(bs, device=dev)
+            q_idx = ((c0 + cc) * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+            kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
+            ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), hh[:, None, None], q_idx, kv_idx)
+            allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
+        return allowed.flatten(3, 4)
+
+
+def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
+    lists = pattern.block_lists(num_heads, n, block_size, device)
+    idx = lists.indices.long()
+    counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
+    chunks = _chunks(counts, num_heads * block_size * block_size)
+    # A listed block is full iff it is in the row's (sorted) full list; the last
+    # block is never full when N is not a multiple of the block size (its padding keys).
+    fidx = lists.full_indices.long()
+    pos = torch.searchsorted(fidx, idx).clamp(max=fidx.shape[-1] - 1)
+    in_list = (fidx.gather(-1, pos) == idx) & (pos < lists.full_num.long()[..., None])
+    full = in_list & ~((idx == idx.shape[1] - 1) & (n % block_size != 0))
+    return GatherPlan(n, block_size, idx, pattern, chunks, full, {})
+
+
+def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
+    """Cut the query blocks into contiguous chunks, each padded to its widest
+    row: a chunk ends when its scores would pass _CHUNK_ELEMENTS or padding
+    would waste over a third of it (so a few wide rows — global tokens — do
+    not make every row wide)."""
+    chunks, r0, widest, total = [], 0, 0, 0
+    for r, c in enumerate(counts):
+        c = max(1, c)
+        rows = r - r0 + 1
+        wider = max(widest, c)
+        if r > r0 and (rows * wider * per_slot > _CHUNK_ELEMENTS or rows * wider > 1.5 * (total + c)):
+            chunks.append((r0, r, widest))
+            r0, wider, total = r, c, 0
+        widest, total = wider, total + c
+    chunks.append((r0, len(counts), widest))
+    return chunks
+
+
+def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
+    """(B, H, N, D) → (B, H, nb, bs, D), zero-padded (a view when bs divides N)."""
+    if nb * bs != x.shape[2]:
+        x = torch.nn.functional.pad(x, (0, 0, 0, nb * bs - x.shape[2]))
+    return x.unflatten(2, (nb, bs))
+
+
+def _gather(xb: Tensor, idx: Tensor) -> Tensor:
+    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D). The kernel sees H
+    as its batch and the C query blocks as its heads, so q, the output and the
+    mask are plain slices — no transposes."""
+    h = xb.shape[0]
+    if idx.shape[0] == 1:
+        return xb[:, idx[0]].flatten(2, 3)  # (H, C, K, bs, D) → (H, C, K·bs, D)
+    heads = torch.arange(h, device=xb.device)[:, None, None]
+    return xb[heads, idx].flatten(2, 3)
+
+
+def _kernel_fwd(q, k, v, mask, scale):
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                     scale=scale)[:2]
+        return out, lse
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale + mask
+    lse = s.logsumexp(-1)
+    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))  # empty row: P = 0, out = 0 (as the CPU kernel)
+    return ((s - lse[..., None]).exp() @ v.to(acc)).to(q.dtype), lse
+
+
+def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
+    acc = lse.dtype
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale + mask
+    p = (s - lse[..., None]).exp()
+    do_ = do.to(acc)
+    dv = p.transpose(-1, -2) @ do_
+    ds = p * (do_ @ v.to(acc).transpose(-1, -2) - (do_ * out.to(acc)).sum(-1, keepdim=True)) * scale
+    return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
+
+
+def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
+    """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
+    b, h, n, d = q.shape
+    bs, nb = plan.block_size, plan.num_blocks
+    qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
+    out = torch.empty(b, h, nb, bs, d, dtype=q.dtype, device=q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
+    for c0, c1, kk in plan.chunks:
+        idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
+        for i in range(b):
+            o, l = _kernel_fwd(qb[i, :, c0:c1], _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
+            out[i, :, c0:c1] = o  # (H, C, bs, D)
+            lse[i, :, c0:c1] = l
+    return out.flatten(2, 3)[:, :, :n].contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
+
+
+def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    b, h, n, d = q.shape
+    bs, nb = plan.block_size, plan.num_blocks
+    qb, kb, vb, dob, ob = (_blocks(t, bs, nb) for t in (q, k, v, do, out))
+    lb = torch.nn.functional.pad(lse, (0, nb * bs - n)).unflatten(2, (nb, bs))
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
+    dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
+    heads = torch.arange(h, device=q.device)[:, None, None]
+    for c0, c1, kk in plan.chunks:
+        idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
+        flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
+        for i in range(b):
+            t = lambda x: x[i, :, c0:c1]  # noqa: E731  (H, C, bs, ·)
+            g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _gather(kb[i], idx), _gather(vb[i], idx), t(ob), t(lb),
+                                        mask, scale)
+            dq[i, :, c0:c1] += g_q.to(acc)
+            for dst, g in ((dk, g_k), (dv, g_v)):
+                src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
+                dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
+    return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
+
+
+def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tensor, valid: Tensor, bias: Tensor,
+                              block_size: int, causal: bool, scale: float) -> Tensor:
+    """Exact attention over per-(batch, head, query block) chosen key blocks, in
+    plain differentiable ops (gradients reach ``bias``).
+
+    kv_indices, valid, bias: (B, H, Qb, K); chosen blocks must be distinct per row.
+    Returns (B, H, N, D)."""
+    b, h, n, d = q.shape
+    bs = block_size
+    nb = math.ceil(n / bs)
+    qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
+    bi = torch.arange(b, device=q.device)[:, None, None, None]
+    hi = torch.arange(h, device=q.device)[None, :, None, None]
+    kg = kb[bi, hi, kv_indices].flatten(3, 4)  # (B, H, Qb, K·bs, D)
+    vg = vb[bi, hi, kv_indices].flatten(3, 4)
+    off = torch.arange(bs, device=q.device)
+    kv_idx = (kv_indices[..., None] * bs + off).flatten(-2)[..., None, :]  # (B, H, Qb, 1, K·bs)
+    q_idx = (torch.arange(nb, device=q.device)[:, None] * bs + off)[..., None]  # (Qb, bs, 1)
+    ok = valid.repeat_interleave(bs, -1)[..., None, :] & (kv_idx < n)
+    if causal:
+        ok = ok & (kv_idx <= q_idx)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (qb.to(acc) @ kg.to(acc).transpose(-1, -2)) * scale + bias.to(acc).repeat_interleave(bs, -1)[..., None, :]
+    s = s.masked_fill(~ok, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return (p @ vg.to(acc)).to(q.dtype).flatten(2, 3)[:, :, :n]

@@ -1,0 +1,73 @@
+"""``torch.ops.dilcompile.block_sparse_fwd/bwd``: the gather backend as custom
+ops, so a compiled graph holds one node per call.
+
+The pattern crosses the op boundary as its *structure* (a spec string with
+the numbers taken out, see ``patterns.template``) plus its numbers as a
+float64 tensor. Dynamo guards on the structure only: changing a window, a
+density or a seed feeds a different tensor to the same graph (no recompile).
+The op rebuilds the pattern (cached) and looks its plan up in the mask cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..patterns import from_template
+from . import cache
+from .impl.gather import gather_backward, gather_forward
+
+
+def _plan(q: Tensor, structure: str, numbers: Tensor, causal: bool, block_size: int):
+    from ..patterns import causal as causal_of
+
+    pattern = from_template(structure, tuple(numbers.tolist()))
+    pattern = (causal_of(pattern) if causal else pattern).with_heads(q.shape[1])
+    return cache.gather_plan(pattern, q.shape[1], q.shape[2], block_size, q.device)
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("dilcompile::block_sparse_fwd", mutates_args=())
+def block_sparse_fwd(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tensor, causal: bool, scale: float,
+                     block_size: int) -> tuple[Tensor, Tensor]:
+    """out (B, H, N, D), lse (B, H, N) of block-sparse attention (gather backend)."""
+    return gather_forward(q, k, v, _plan(q, structure, numbers, causal, block_size), scale)
+
+
+@block_sparse_fwd.register_fake
+def _(q, k, v, structure, numbers, causal, scale, block_size):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("dilcompile::block_sparse_bwd", mutates_args=())
+def block_sparse_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, structure: str,
+                     numbers: Tensor, causal: bool, scale: float, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    return gather_backward(grad_out, q, k, v, out, lse, _plan(q, structure, numbers, causal, block_size), scale)
+
+
+@block_sparse_bwd.register_fake
+def _(grad_out, q, k, v, out, lse, structure, numbers, causal, scale, block_size):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, structure, numbers, causal, scale, block_size = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, numbers)
+    ctx.config = (structure, causal, scale, block_size)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, numbers = ctx.saved_tensors
+    structure, causal, scale, block_size = ctx.config
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = block_sparse_bwd(grad_out, q, k, v, out, lse, structure, numbers, causal, scale, block_size)
+    return dq, dk, dv, None, None, None, None, None
+
+
+block_sparse_fwd.register_autograd(_backward, setup_context=_setup_context)

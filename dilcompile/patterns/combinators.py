@@ -1,0 +1,126 @@
+"""Combinators: ``union(*patterns)``, ``intersection(*patterns)``, ``causal(pattern)``.
+
+Block states combine soundly: union's any is exact (OR of exact anys), its
+full is the OR of fulls (sound); intersection's full is exact (AND), its any
+the AND of anys (a superset: two patterns may each touch a block without
+sharing a pair)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .base import Pattern
+
+
+def _check_patterns(name, patterns):
+    if not patterns:
+        raise ValueError(f"{name}() needs at least one pattern")
+    for p in patterns:
+        if not isinstance(p, Pattern):
+            raise TypeError(f"{name}() takes patterns, got {type(p).__name__}: {p!r}")
+        if p.data_dependent:
+            raise TypeError(f"{name}() cannot combine the data-dependent pattern {p!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class _Combined(Pattern):
+    patterns: tuple[Pattern, ...]
+
+    def __init__(self, *patterns: Pattern):
+        _check_patterns(self.name, patterns)
+        object.__setattr__(self, "patterns", tuple(patterns))
+        self._finish()
+
+    @property
+    def head_dependent(self) -> bool:  # noqa: D401
+        return any(p.head_dependent for p in self.patterns)
+
+    def with_heads(self, num_heads):
+        bound = tuple(p.with_heads(num_heads) for p in self.patterns)
+        return self if bound == self.patterns else type(self)(*bound)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({', '.join(repr(p) for p in self.patterns)})"
+
+
+class union(_Combined):  # noqa: N801
+    name = "union"
+
+    def span(self, lo, hi, n, transpose=False):
+        prefix, b_lo, b_hi = self.patterns[0].span(lo, hi, n, transpose)
+        for p in self.patterns[1:]:
+            q_prefix, q_lo, q_hi = p.span(lo, hi, n, transpose)
+            prefix, b_lo, b_hi = torch.maximum(prefix, q_prefix), torch.minimum(b_lo, q_lo), torch.maximum(b_hi, q_hi)
+        return prefix, b_lo, b_hi
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
+        for p in self.patterns[1:]:
+            out = out | p.mask_mod(b, h, q_idx, kv_idx)
+        return out
+
+    def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
+        anyb, full = self.patterns[0].block_state(h, q_lo, q_hi, k_lo, k_hi, n)
+        for p in self.patterns[1:]:
+            a, f = p.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
+            anyb, full = anyb | a, full | f
+        return anyb, full
+
+
+class intersection(_Combined):  # noqa: N801
+    name = "intersection"
+
+    def span(self, lo, hi, n, transpose=False):
+        return self.patterns[0].span(lo, hi, n, transpose)  # any one pattern's candidates are a superset
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
+        for p in self.patterns[1:]:
+            out = out & p.mask_mod(b, h, q_idx, kv_idx)
+        return out
+
+    def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
+        anyb, full = self.patterns[0].block_state(h, q_lo, q_hi, k_lo, k_hi, n)
+        for p in self.patterns[1:]:
+            a, f = p.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
+            anyb, full = anyb & a, full & f
+        return anyb, full
+
+
+@dataclass(frozen=True, repr=False)
+class causal(Pattern):  # noqa: N801
+    """``pattern`` restricted to key ≤ query (exact any and full when the
+    inner pattern's are)."""
+
+    pattern: Pattern
+
+    name = "causal"
+
+    def __post_init__(self):
+        _check_patterns("causal", (self.pattern,))
+
+    @property
+    def head_dependent(self) -> bool:  # noqa: D401
+        return self.pattern.head_dependent
+
+    def with_heads(self, num_heads):
+        inner = self.pattern.with_heads(num_heads)
+        return self if inner is self.pattern else replace(self, pattern=inner)
+
+    def span(self, lo, hi, n, transpose=False):
+        prefix, b_lo, b_hi = self.pattern.span(lo, hi, n, transpose)
+        if transpose:  # rows are keys: queries at or after them
+            return prefix, torch.maximum(b_lo, lo), b_hi
+        return torch.minimum(prefix, hi + 1), b_lo, torch.minimum(b_hi, hi)
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        return self.pattern.mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)
+
+    def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
+        a, f = self.pattern.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
+        return a & (k_lo <= q_hi), f & (k_hi <= q_lo)
+
+    def __repr__(self) -> str:
+        return f"causal({self.pattern!r})"

@@ -1,0 +1,138 @@
+"""``hilbert(height, width, radius)``: 2-D neighbourhood attention on a grid
+laid out along a Hilbert curve.
+
+Tokens of an ``height × width`` grid (row-major: token ``y * width + x``) are
+reordered along a Hilbert curve (of the smallest 2^k square covering the grid,
+cells outside the grid skipped), so that 2-D neighbourhoods become a few
+contiguous runs — a block-sparse kernel then touches few blocks. Use it as::
+
+    perm, inv = pat.permutation(), pat.inverse()
+    out = block_sparse_attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], pat)[:, :, inv]
+
+which equals raster-order attention under ``pat.raster_mask_mod`` (query and
+key cells within Chebyshev distance ``radius``) exactly, up to the
+permutation. In Hilbert order, token t is cell ``(ys[t], xs[t])``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._checks import check_int
+from .base import Pattern
+
+
+def hilbert_d2xy(order: int, d: Tensor) -> tuple[Tensor, Tensor]:
+    """Cell (x, y) of curve index d on a 2^order square (the classic
+    rotate-and-flip walk, vectorised over d)."""
+    x = torch.zeros_like(d)
+    y = torch.zeros_like(d)
+    t = d.clone()
+    s = 1
+    while s < (1 << order):
+        rx = 1 & (t // 2)
+        ry = 1 & (t ^ rx)
+        flip = (ry == 0) & (rx == 1)
+        x, y = torch.where(flip, s - 1 - x, x), torch.where(flip, s - 1 - y, y)
+        swap = ry == 0
+        x, y = torch.where(swap, y, x), torch.where(swap, x, y)
+        x, y = x + s * rx, y + s * ry
+        t = t // 4
+        s *= 2
+    return x, y
+
+
+@functools.lru_cache(maxsize=16)
+def _curve(height: int, width: int) -> tuple[Tensor, Tensor]:
+    order = max(1, (max(height, width) - 1).bit_length())
+    x, y = hilbert_d2xy(order, torch.arange(1 << (2 * order)))
+    keep = (x < width) & (y < height)
+    return y[keep].contiguous(), x[keep].contiguous()  # (N,), (N,) in curve order
+
+
+@dataclass(frozen=True, repr=False)
+class hilbert(Pattern):  # noqa: N801
+    height: int = 64  # grid rows
+    width: int = 64  # grid columns (N = height · width)
+    radius: int = 2  # Chebyshev neighbourhood radius in cells
+
+    name = "hilbert"
+
+    def __post_init__(self):
+        for f in ("height", "width"):
+            object.__setattr__(self, f, check_int(f, getattr(self, f), 1))
+        object.__setattr__(self, "radius", check_int("radius", self.radius))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.height * self.width
+
+    def permutation(self) -> Tensor:
+        """(N,) long: Hilbert position t holds raster token ``perm[t]`` (x_h = x[..., perm, :])."""
+        ys, xs = _curve(self.height, self.width)
+        return ys * self.width + xs
+
+    def inverse(self) -> Tensor:
+        """(N,) long: raster token i sits at Hilbert position ``inv[i]``."""
+        perm = self.permutation()
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        return inv
+
+    def _cells(self, device):
+        ys, xs = _curve(self.height, self.width)
+        return ys.to(device), xs.to(device)
+
+    def _check_n(self, n: int):
+        if n != self.num_tokens:
+            raise ValueError(f"hilbert pattern is for N = height·width = {self.num_tokens} tokens, got N={n}; "
+                             "build it with the grid of your sequence")
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        ys, xs = self._cells(q_idx.device)
+        last = self.num_tokens - 1  # indices past N (padding) are clamped; padding is masked elsewhere
+        qi, ki = q_idx.clamp(max=last), kv_idx.clamp(max=last)
+        return ((ys[qi] - ys[ki]).abs() <= self.radius) & ((xs[qi] - xs[ki]).abs() <= self.radius)
+
+    def raster_mask_mod(self, b, h, q_idx, kv_idx):
+        """The same neighbourhood in raster (row-major) order."""
+        w = self.width
+        return ((q_idx // w - kv_idx // w).abs() <= self.radius) & ((q_idx % w - kv_idx % w).abs() <= self.radius)
+
+    def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
+        """any: the bounding boxes of the two blocks' cells are within
+        ``radius`` — a superset (a block's cells need not fill their box; for
+        power-of-4 blocks of a 2^k grid they do, and it is exact). full: the
+        boxes' farthest corners are within ``radius`` (sound)."""
+        self._check_n(n)
+        bs = int(torch.maximum((q_hi - q_lo).max(), (k_hi - k_lo).max())) + 1
+        y0, y1, x0, x1 = _boxes(self.height, self.width, bs, str(q_lo.device))
+        qb, kb = q_lo // bs, k_lo // bs
+        r = self.radius
+
+        def gap(lo_a, hi_a, lo_b, hi_b):
+            return torch.clamp(torch.maximum(lo_b - hi_a, lo_a - hi_b), min=0)
+
+        def span(lo_a, hi_a, lo_b, hi_b):
+            return torch.maximum(hi_a - lo_b, hi_b - lo_a)
+
+        anyb = (gap(y0[qb], y1[qb], y0[kb], y1[kb]) <= r) & (gap(x0[qb], x1[qb], x0[kb], x1[kb]) <= r)
+        full = (span(y0[qb], y1[qb], y0[kb], y1[kb]) <= r) & (span(x0[qb], x1[qb], x0[kb], x1[kb]) <= r)
+        return anyb, full
+
+
+@functools.lru_cache(maxsize=16)
+def _boxes(height: int, width: int, bs: int, device: str) -> tuple[Tensor, ...]:
+    """Per block of ``bs`` Hilbert-ordered tokens: (y_min, y_max, x_min, x_max), each (blocks,)."""
+    ys, xs = _curve(height, width)
+    pad = (-ys.numel()) % bs
+
+    def reduce(t, fn, fill):
+        return fn(torch.cat([t, t.new_full((pad,), fill)]).view(-1, bs), dim=1).values.to(device)
+
+    big = height + width
+    return reduce(ys, torch.min, big), reduce(ys, torch.max, -big), reduce(xs, torch.min, big), reduce(xs, torch.max, -big)

@@ -1,0 +1,103 @@
+"""``from_spec("local_window(window=256)")``: patterns from short strings.
+
+A spec is a call expression: a pattern name, keyword (or positional)
+arguments that are numbers or tuples of numbers, and nested patterns for the
+combinators — ``"union(local_window(64), random_blocks(density=0.05))"``.
+Omitted arguments take the pattern's defaults; a bare name (``"dilated"``)
+is the pattern with all defaults. ``repr(pattern)`` is a spec of itself.
+
+``template(pattern)`` / ``from_template`` split a pattern into its structure
+(a spec with every int replaced by ``_i``, every float by ``_f``) and its numbers, so the
+attention op can take the numbers as a tensor: a changed window or seed then
+reuses the compiled graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+from .adaptive import adaptive
+from .base import Pattern
+from .combinators import causal, intersection, union
+from .dilated import dilated
+from .global_local import global_local
+from .hierarchical import hierarchical
+from .hilbert import hilbert
+from .local_window import local_window
+from .random_blocks import random_blocks
+
+PATTERNS = {p.name: p for p in (local_window, dilated, global_local, random_blocks, hierarchical, adaptive,
+                                hilbert, union, intersection, causal)}
+PATTERN_NAMES = tuple(PATTERNS)
+
+
+def _value(node: ast.AST, numbers: list | None):
+    if isinstance(node, ast.Call):
+        return _call(node, numbers)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_value(e, numbers) for e in node.elts)
+    if isinstance(node, ast.Name) and node.id in ("_i", "_f") and numbers is not None:
+        value = numbers.pop(0)  # numbers travel as float64: ints are exact up to 2^53
+        return int(value) if node.id == "_i" else float(value)
+    if isinstance(node, ast.Name) and node.id in PATTERNS:
+        return PATTERNS[node.id]()
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (int, float, str, bool))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_value(node.operand, numbers)
+    raise ValueError(f"pattern spec: cannot read {ast.unparse(node)!r}; use numbers, tuples, strings or patterns")
+
+
+def _call(node: ast.Call, numbers: list | None) -> Pattern:
+    if not isinstance(node.func, ast.Name) or node.func.id not in PATTERNS:
+        name = ast.unparse(node.func)
+        raise ValueError(f"unknown pattern {name!r} in spec; known patterns: {', '.join(PATTERN_NAMES)}")
+    args = [_value(a, numbers) for a in node.args]
+    kwargs = {kw.arg: _value(kw.value, numbers) for kw in node.keywords}
+    try:
+        return PATTERNS[node.func.id](*args, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"pattern spec {ast.unparse(node)!r}: {err}") from err
+
+
+def from_spec(spec: str) -> Pattern:
+    """A pattern from a spec string such as ``"dilated(segment_lengths=(2048,4096),dilation_rates=(1,2))"``."""
+    if isinstance(spec, Pattern):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise TypeError(f"spec must be a non-empty string such as 'local_window(window=256)', got {spec!r}")
+    try:
+        tree = ast.parse(spec.strip(), mode="eval").body
+    except SyntaxError as err:
+        raise ValueError(f"pattern spec {spec!r} is not a call expression like 'local_window(window=256)'") from err
+    return _value(tree, None) if isinstance(tree, (ast.Name, ast.Call)) else _bad(spec)
+
+
+def _bad(spec):
+    raise ValueError(f"pattern spec {spec!r} must be a pattern name or call, e.g. 'local_window(window=256)'")
+
+
+class _Hole(ast.NodeTransformer):
+    def __init__(self):
+        self.numbers: list = []
+
+    def visit_Constant(self, node):  # noqa: N802
+        if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            self.numbers.append(node.value)
+            return ast.Name(id="_i" if isinstance(node.value, int) else "_f", ctx=ast.Load())
+        return node
+
+
+def template(pattern: Pattern) -> tuple[str, list]:
+    """(structure spec with ints as ``_i`` and floats as ``_f``, the numbers in order)."""
+    tree = ast.parse(repr(pattern), mode="eval")
+    holes = _Hole()
+    tree = holes.visit(tree)
+    return ast.unparse(tree), holes.numbers
+
+
+@functools.lru_cache(maxsize=256)
+def from_template(structure: str, numbers: tuple) -> Pattern:
+    """Inverse of :func:`template` (cached: the attention op rebuilds patterns per call)."""
+    return _value(ast.parse(structure, mode="eval").body, list(numbers))

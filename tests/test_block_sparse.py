@@ -1,0 +1,163 @@
+"""block_sparse_attention against masked SDPA in float64 (outputs and
+gradients), empty rows, low precision, compile contract, adaptive, flex."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from dilcompile import BlockSparseAttention, block_sparse_attention
+from dilcompile.patterns import (
+    adaptive, dilated, global_local, hierarchical, hilbert, intersection, local_window, random_blocks, union,
+)
+from dilcompile.testing import assert_within_low_precision_budget, random_qkv
+
+PATTERNS = {
+    "local_window": lambda n: local_window(7),
+    "dilated": lambda n: dilated((16, 48), (1, 3)),
+    "global_local": lambda n: global_local(5, 3),
+    "random_blocks": lambda n: random_blocks(0.3, 24, 1),
+    "hierarchical": lambda n: hierarchical(((1, 4), (8, 3))),
+    "hilbert": lambda n: hilbert({100: 10, 128: 8, 1000: 25}[n], n // {100: 10, 128: 8, 1000: 25}[n], 1),
+    "union": lambda n: union(local_window(3), random_blocks(0.1, 16, 2)),
+    "intersection": lambda n: intersection(local_window(40), hierarchical()),
+}
+
+
+def _sdpa_masked(q, k, v, pattern, causal):
+    """F.scaled_dot_product_attention with the dense mask (float64), empty rows → 0."""
+    from dilcompile.patterns import causal as causal_of
+
+    h, n = q.shape[1], q.shape[2]
+    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0)
+
+
+@pytest.mark.parametrize("n", [100, 128, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_gather_matches_masked_sdpa_float64_with_gradients(name, causal, n):
+    pattern = PATTERNS[name](n)
+    q, k, v = random_qkv(2 if n < 500 else 1, 3, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=16 if n < 500 else 64)
+    ref = _sdpa_masked(q, k, v, pattern, causal)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    for name_, g, w in zip("qkv", got, want):
+        assert not g.isnan().any()
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+
+
+def test_rows_with_no_key_output_zero_and_finite_gradients():
+    pattern = random_blocks(0.15, 16, 5)
+    q, k, v = random_qkv(1, 2, 100, 8, requires_grad=True)
+    mask = pattern.dense_mask(2, 100)
+    empty = ~mask.any(-1)
+    assert empty.any() and not empty.all()
+    out = block_sparse_attention(q, k, v, pattern, block_size=16)
+    assert (out[0][empty] == 0).all() and not out.isnan().any()
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(g.isfinite().all() for g in grads)
+    assert (grads[0][0][empty] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_within_twice_plain_pytorch_error(dtype):
+    from dilcompile.patterns import causal as causal_of
+
+    pattern = union(local_window(20), random_blocks(0.2, 32, 0))
+    q, k, v = random_qkv(1, 4, 300, 32, dtype=dtype)
+    mask = causal_of(pattern).dense_mask(4, 300)
+    out = block_sparse_attention(q, k, v, pattern, causal=True, block_size=32)
+    ref = _sdpa_masked(q.double(), k.double(), v.double(), pattern, True)
+    s = (q @ k.transpose(-1, -2)) * 32 ** -0.5
+    plain = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0) @ v
+    assert_within_low_precision_budget(out, plain, ref)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_compiled_fullgraph_and_parameter_change_does_not_recompile(fresh_dynamo):
+    fn = torch.compile(lambda q, k, v, p: block_sparse_attention(q, k, v, p, causal=True, block_size=16),
+                       fullgraph=True)
+    q, k, v = random_qkv(1, 2, 100, 8, dtype=torch.float32, requires_grad=True)
+    for window in (5, 9, 13):
+        pattern = local_window(window)
+        out = fn(q, k, v, pattern)
+        want = block_sparse_attention(q, k, v, pattern, causal=True, block_size=16)
+        torch.testing.assert_close(out, want)
+        got_g = torch.autograd.grad(out.sum(), (q, k, v))
+        want_g = torch.autograd.grad(want.sum(), (q, k, v))
+        for g, w in zip(got_g, want_g):
+            torch.testing.assert_close(g, w)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"]
+
+
+def test_module_and_custom_op_opcheck(fresh_dynamo):
+    module = BlockSparseAttention("random_blocks(density=0.3, block_size=16)", block_size=16)
+    q, k, v = random_qkv(1, 2, 70, 8, dtype=torch.float32, requires_grad=True)
+    compiled = torch.compile(module, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), module(q, k, v))
+    pat = local_window(5)
+    args = (q, k, v, pat._structure, pat._numbers, True, 0.3, 16)
+    torch.library.opcheck(torch.ops.dilcompile.block_sparse_fwd.default, args)
+
+
+def test_adaptive_exact_on_chosen_blocks_trains_and_is_deterministic_in_eval():
+    torch.manual_seed(0)
+    pat = adaptive(head_dim=8, block_size=16, top_k=3, score_dim=4).double()
+    q, k, v = random_qkv(2, 2, 100, 8, requires_grad=True)
+    for causal in (False, True):
+        out = block_sparse_attention(q, k, v, pat, causal=causal)
+        ref = block_sparse_attention(q, k, v, pat, causal=causal, impl="reference")
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    out.square().sum().backward()
+    assert pat.q_proj.weight.grad is not None and pat.q_proj.weight.grad.abs().sum() > 0
+    pat.eval()
+    with torch.no_grad():
+        a = block_sparse_attention(q, k, v, pat, causal=True)
+        b = block_sparse_attention(q, k, v, pat, causal=True)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, err", [
+    (dict(pattern=3), TypeError), (dict(pattern="nope"), ValueError), (dict(impl="cuda"), ValueError),
+    (dict(causal=1), TypeError), (dict(scale=-1.0), ValueError), (dict(block_size=0), ValueError),
+])
+def test_bad_input_raises(kwargs, err):
+    q, k, v = random_qkv(1, 2, 10, 8)
+    kw = dict(pattern=local_window(2)) | kwargs
+    with pytest.raises(err):
+        block_sparse_attention(q, k, v, **kw)
+    with pytest.raises(ValueError):
+        block_sparse_attention(q, k[:, :, :5], v, local_window(2))
+
+
+def test_flex_cpu_inference_and_inside_compile_with_a_prepared_mask(fresh_dynamo):
+    """FlexAttention on CPU: inference only, compiled; one compile of the module
+    (the eager call compiles flex_attention itself)."""
+    from dilcompile.block_sparse import cache
+
+    cache.clear()
+    pattern = dilated((16, 32), (1, 2))
+    module = BlockSparseAttention(pattern, impl="flex", causal=True, block_size=64)
+    q, k, v = random_qkv(1, 2, 100, 16, dtype=torch.float32)
+    want = _sdpa_masked(q.double(), k.double(), v.double(), pattern, True)
+    compiled = torch.compile(module, fullgraph=True)
+    with torch.no_grad():
+        with pytest.raises(Exception, match="prepare"):
+            compiled(q, k, v)
+        torch._dynamo.reset()
+        module.prepare(1, 2, 100)
+        torch.testing.assert_close(compiled(q, k, v).double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="inference-only"):
+        block_sparse_attention(q.requires_grad_(), k, v, pattern, impl="flex")
