@@ -1,6 +1,6 @@
 """dilcompile: exact, compile-clean long-context attention for PyTorch."""
 
-from .block_sparse import BlockSparseAttention, block_sparse_attention
+from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
 from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
 from .distributed import RingDilatedAttention, ring_dilated_attention
 from .factory import create_dilated_attention, create_multihead_dilated_attention
@@ -13,5 +13,5 @@ __all__ = [
     "MultiheadAttentionBase", "MultiheadDilatedAttention",
     "create_dilated_attention", "create_multihead_dilated_attention",
     "RingDilatedAttention", "ring_dilated_attention",
-    "BlockSparseAttention", "block_sparse_attention",
+    "BlockSparseAttention", "MultiheadBlockSparseAttention", "block_sparse_attention",
 ]

@@ -3,5 +3,6 @@
 from .api import block_sparse_attention, choose_impl
 from .config import BlockSparseAttentionConfig
 from .module import BlockSparseAttention
+from .multihead import MultiheadBlockSparseAttention
 
-__all__ = ["BlockSparseAttention", "BlockSparseAttentionConfig", "block_sparse_attention", "choose_impl"]
+__all__ = ["BlockSparseAttention", "BlockSparseAttentionConfig", "MultiheadBlockSparseAttention", "block_sparse_attention", "choose_impl"]

@@ -34,23 +34,26 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 def block_sparse_fwd(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tensor, causal: bool, scale: float,
                      block_size: int) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D), lse (B, H, N) of block-sparse attention (gather backend)."""
-    return gather_forward(q, k, v, _plan(q, structure, numbers, causal, block_size), scale)
+    out, lse = gather_forward(q, k, v, _plan(q, structure, numbers, causal, block_size), scale)
+    return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs, whatever q's strides
 
 
 @block_sparse_fwd.register_fake
 def _(q, k, v, structure, numbers, causal, scale, block_size):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    # Contiguous, not empty_like: q may be a transposed view (multihead head split).
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
 @torch.library.custom_op("dilcompile::block_sparse_bwd", mutates_args=())
 def block_sparse_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, structure: str,
                      numbers: Tensor, causal: bool, scale: float, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    return gather_backward(grad_out, q, k, v, out, lse, _plan(q, structure, numbers, causal, block_size), scale)
+    grads = gather_backward(grad_out, q, k, v, out, lse, _plan(q, structure, numbers, causal, block_size), scale)
+    return tuple(g.contiguous() for g in grads)
 
 
 @block_sparse_bwd.register_fake
 def _(grad_out, q, k, v, out, lse, structure, numbers, causal, scale, block_size):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,0 +1,84 @@
+"""``MultiheadBlockSparseAttention``: block-sparse attention behind the
+``nn.MultiheadAttention`` call shape."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..multihead.base import MultiheadAttentionBase
+from ..patterns import Pattern, from_spec
+from .api import block_sparse_attention
+from .config import BlockSparseAttentionConfig
+
+
+class MultiheadBlockSparseAttention(MultiheadAttentionBase):
+    """Multihead block-sparse attention, batch first (B, N, E).
+
+    ``MultiheadBlockSparseAttention(embed_dim, num_heads, "local_window(window=256)")``;
+    ``y, _ = mha(x, is_causal=True)``. The attention is
+    :func:`dilcompile.block_sparse_attention` with ``pattern`` (a pattern
+    object or spec string; an adaptive pattern is a submodule whose scorer
+    trains with the projections); projections, sub-LayerNorm, dropout and
+    state-dict keys are those of :class:`~dilcompile.multihead.MultiheadAttentionBase`.
+
+    Extra keyword-only arguments: ``scale``, ``impl`` and ``block_size`` as in
+    ``block_sparse_attention``.
+
+    ``key_padding_mask`` is refused (ValueError): the block-sparse op takes one
+    batch-independent pattern and has no per-batch key mask, so padding cannot
+    be removed exactly. Use ``MultiheadDilatedAttention`` (which takes the
+    mask) or a sequence without padding.
+    """
+
+    requires_equal_lengths = True
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        pattern="local_window(window=256)",
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        sub_ln: bool = True,
+        device=None,
+        dtype=None,
+        gamma_init: float = 1.0,
+        layer_norm_eps: float = 1e-5,
+        scale: float | None = None,
+        impl: str = "auto",
+        block_size: int = 128,
+    ):
+        learned = isinstance(pattern, Pattern) and pattern.data_dependent
+        # Validate the attention config before allocating parameters.
+        config = BlockSparseAttentionConfig("local_window" if learned else pattern, scale=scale, impl=impl,
+                                            block_size=block_size)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, sub_ln=sub_ln, gamma_init=gamma_init,
+                         layer_norm_eps=layer_norm_eps, device=device, dtype=dtype)
+        self.config = config
+        if learned:
+            self.learned = pattern  # submodule: its scorer's parameters are ours
+        self.pattern = pattern if learned else from_spec(config.pattern)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if key_padding_mask is not None:
+            raise ValueError("MultiheadBlockSparseAttention takes no key_padding_mask (the block-sparse pattern is "
+                             "batch-independent); use MultiheadDilatedAttention for padded batches, or pass "
+                             "key_padding_mask=None")
+        c = self.config
+        return block_sparse_attention(q, k, v, self.pattern, causal=is_causal, scale=c.scale, impl=c.impl,
+                                      block_size=c.block_size)
+
+    def prepare(self, batch: int, seq_len: int, device="cpu", causal: bool = False) -> None:
+        """Build and cache the FlexAttention BlockMask for (batch, num_heads,
+        seq_len) eagerly, so a compiled forward on CUDA can use FlexAttention
+        (masks cannot be built inside ``torch.compile``). The gather backend
+        needs no preparation."""
+        from . import cache
+
+        if not self.pattern.data_dependent:
+            cache.block_mask(self.pattern, causal, batch, self.num_heads, seq_len, self.config.block_size, device)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, pattern={self.pattern!r}, block_size={self.config.block_size}"
+
