@@ -1,6 +1,7 @@
 """dilcompile.compat: the seed system's names and signatures, (b, n, h, d)
 layout, numbers equal to the head-group reference, one warning per name,
-pending names refusing clearly."""
+ring names refusing clearly without a process group, block-sparse names
+equal to masked SDPA with the pattern their seed config describes."""
 
 import inspect
 import warnings
@@ -8,7 +9,9 @@ import warnings
 import pytest
 import torch
 
-from dilcompile import MultiheadDilatedAttention, compat, dilated_attention
+from dilcompile import (
+    MultiheadBlockSparseAttention, MultiheadDilatedAttention, block_sparse_attention, compat, dilated_attention,
+)
 from dilcompile.compat import _deprecation
 
 # The seed's constructor parameters, in order (read from its public source).
@@ -52,7 +55,7 @@ BUILD = {  # name → constructor call with the seed's positional order
     "MultiheadDilatedAttention": lambda: compat.MultiheadDilatedAttention(30, 5, RATES, SEG),
     "ImprovedMultiheadDilatedAttention": lambda: compat.ImprovedMultiheadDilatedAttention(30, 5, RATES, SEG),
 }
-PENDING = {
+DISTRIBUTED_OR_SPARSE = {  # name → (constructor, text of the modern equivalent)
     "RingDilatedAttention": (lambda: compat.RingDilatedAttention(SEG, RATES), "dilcompile.distributed"),
     "RingDilatedAttentionV2": (lambda: compat.RingDilatedAttentionV2(SEG, RATES), "ring_dilated_attention"),
     "RingMultiheadDilatedAttention": (lambda: compat.RingMultiheadDilatedAttention(30, 5, SEG, RATES),
@@ -100,11 +103,79 @@ def test_implemented_names_construct_and_warn_once_with_the_modern_name(name):
     assert future[0].filename == __file__  # points at the caller's line
 
 
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_names_raise_naming_the_modern_equivalent(name):
-    build, modern = PENDING[name]
-    with pytest.raises(NotImplementedError, match=modern.replace(".", r"\.")):
-        build()
+@pytest.mark.parametrize("name", sorted(DISTRIBUTED_OR_SPARSE))
+def test_ring_and_sparse_names_construct_without_a_group_and_warn_with_the_modern_name(name):
+    build, modern = DISTRIBUTED_OR_SPARSE[name]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        module = build()
+    assert isinstance(module, torch.nn.Module)
+    assert any(modern in str(w.message) for w in seen if issubclass(w.category, FutureWarning)), name
+
+
+@pytest.mark.parametrize("name", ["RingDilatedAttention", "RingDilatedAttentionV2", "RingMultiheadDilatedAttention",
+                                  "DistributedImprovedDilatedAttention"])
+def test_ring_forward_without_a_process_group_says_how_to_start_one(name):
+    module = DISTRIBUTED_OR_SPARSE[name][0]()
+    args = (torch.randn(1, 40, 30),) if "Multihead" in name else [torch.randn(1, 40, 5, 6) for _ in range(3)]
+    with pytest.raises(ValueError, match="init_process_group"):
+        module(*args)
+
+
+def _masked_sdpa_bnhd(q, k, v, pattern, causal):  # (b, n, h, d) in and out, float64, empty rows → 0
+    from dilcompile.patterns import causal as causal_of
+
+    h, n = q.shape[2], q.shape[1]
+    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n)
+    out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask)
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0).transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind, want", [
+    ("local_window", "local_window(window=12)"), ("global_local", "global_local(window=12, global_tokens=3)"),
+    ("random", "random_blocks(density=0.3, block_size=16, seed=0)"),
+    ("dilated_sparse", "dilated(segment_lengths=(16, 40, 200), dilation_rates=(1, 3, 4), num_heads=None, "
+                       "mode='groups')"),
+    ("hierarchical", "hierarchical(levels=((1, 64), (8, 64), (64, 64)))"),
+])
+def test_block_sparse_names_equal_masked_sdpa_with_the_mapped_pattern(kind, want, causal):
+    cfg = compat.SparsePatternConfig(pattern_type=kind, sparsity_ratio=0.3, block_size=16, local_window_size=24,
+                                     global_tokens=3)
+    module = compat.BlockSparseRingDilatedAttention(SEG, RATES, cfg)
+    assert repr(module.pattern) == want
+    q, k, v = (torch.randn(2, 83, 5, 8, dtype=torch.float64) for _ in range(3))
+    out = module(q, k, v, is_causal=causal)
+    assert out.shape == q.shape and out.is_contiguous()
+    torch.testing.assert_close(out, _masked_sdpa_bnhd(q, k, v, module.pattern, causal), rtol=1e-10, atol=1e-10)
+
+
+def test_block_sparse_multihead_hierarchical_adaptive_and_factories():
+    cfg = compat.SparsePatternConfig(pattern_type="local_window", local_window_size=10, block_size=16)
+    seed = compat.BlockSparseRingMultiheadDilatedAttention(30, 5, SEG, RATES, sparse_config=cfg, dtype=torch.float64)
+    modern = MultiheadBlockSparseAttention(30, 5, "local_window(window=5)", block_size=16, dtype=torch.float64)
+    modern.load_state_dict(seed.state_dict())
+    x = torch.randn(2, 61, 30, dtype=torch.float64)
+    torch.testing.assert_close(seed(x, is_causal=True), modern(x, is_causal=True)[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="batch_first"):
+        compat.BlockSparseRingMultiheadDilatedAttention(30, 5, SEG, RATES, batch_first=False)
+    made = compat.create_block_sparse_attention(0.75, "random", 30, 5)
+    assert repr(made.pattern) == "random_blocks(density=0.25, block_size=128, seed=0)"
+    with pytest.raises(ValueError, match="pattern_type"):
+        compat.create_block_sparse_attention(0.9, "axial", 30, 5)
+
+    levels = ({"stride": 1, "window_size": 8, "block_size": 16}, {"stride": 4, "window_size": -1, "block_size": 16})
+    hier = compat.BlockSparseHierarchical(SEG, RATES, compat.HierarchicalConfig(levels))
+    assert hier.pattern.levels == ((1, 8), (4, 1 << 30))
+    q, k, v = (torch.randn(1, 50, 2, 4, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(hier(q, k, v), _masked_sdpa_bnhd(q, k, v, hier.pattern, False), rtol=1e-10,
+                               atol=1e-10)
+
+    adaptive = compat.BlockSparseAdaptive(SEG, RATES, 2, 4, block_size=8, top_k=2).double().eval()
+    want = block_sparse_attention(*(t.transpose(1, 2) for t in (q, k, v)), adaptive.pattern, impl="reference")
+    torch.testing.assert_close(adaptive(q, k, v), want.transpose(1, 2), rtol=1e-10, atol=1e-10)
+    assert sum(p.numel() for p in adaptive.parameters()) > 0  # the scorer trains with the module
+    assert type(compat.create_adaptive_sparse_attention(30, 5)).__name__ == "BlockSparseAdaptive"
 
 
 def _groups_reference(q, k, v, causal):  # (b, n, h, d) in, (b, n, h, d) out

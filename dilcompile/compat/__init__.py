@@ -4,10 +4,11 @@ name claimed, exactly. Switch with one import::
 
     from dilcompile.compat import DilatedAttention   # was: from dilated_attention_pytorch import ...
 
-Every class warns once (FutureWarning) with its modern equivalent. Names
-whose machinery is not in this build (ring, block-sparse, distributed) raise
-``NotImplementedError`` naming the modern equivalent. The README has the
-full table.
+Every class warns once (FutureWarning) with its modern equivalent. Ring and
+distributed names run :mod:`dilcompile.distributed` (forward needs an
+initialised process group); block-sparse names run
+:mod:`dilcompile.block_sparse` with a pattern read from the seed's sparse
+config (see :mod:`dilcompile.compat.sparse`). The README has the full table.
 """
 
 from .configs import (
@@ -32,16 +33,19 @@ from .factory import (
     create_dilated_attention,
     create_multihead_dilated_attention,
 )
-from .pending import (
-    BlockSparseAdaptive,
-    BlockSparseHierarchical,
-    BlockSparseRingDilatedAttention,
-    BlockSparseRingMultiheadDilatedAttention,
+from .ring import (
     DistributedImprovedDilatedAttention,
     RingDilatedAttention,
     RingDilatedAttentionV2,
     RingDilatedAttentionV2Collective,
     RingMultiheadDilatedAttention,
+)
+from .sparse import (
+    BlockSparseAdaptive,
+    BlockSparseHierarchical,
+    BlockSparseRingDilatedAttention,
+    BlockSparseRingMultiheadDilatedAttention,
+    pattern_from_seed_config,
 )
 
 __all__ = [
@@ -52,5 +56,5 @@ __all__ = [
     "RingDilatedAttention", "RingDilatedAttentionV2", "RingDilatedAttentionV2Collective",
     "RingMultiheadDilatedAttention", "SparseAttentionConfig", "SparsePatternConfig",
     "create_adaptive_sparse_attention", "create_block_sparse_attention", "create_dilated_attention",
-    "create_multihead_dilated_attention",
+    "create_multihead_dilated_attention", "pattern_from_seed_config",
 ]

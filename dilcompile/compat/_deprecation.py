@@ -27,11 +27,3 @@ def warn_once(seed_name: str, modern: str) -> None:
     warnings.warn(f"dilcompile.compat.{seed_name} is the seed system's API; use {modern} instead",
                   FutureWarning, stacklevel=_caller_stacklevel())
 
-
-def pending(seed_name: str, modern: str) -> NotImplementedError:
-    """The error a seed name raises while its machinery is not in this build."""
-    return NotImplementedError(
-        f"dilcompile.compat.{seed_name} maps to {modern}, which this build of dilcompile does not include yet. "
-        "For single-device dilated attention use dilcompile.compat.ImprovedDilatedAttention / "
-        "ImprovedMultiheadDilatedAttention (or dilcompile.MultiheadDilatedAttention)."
-    )

@@ -27,18 +27,40 @@ def _take_no_effect(seed_name: str, kwargs: dict) -> None:
         raise TypeError(f"{seed_name} got unexpected keyword arguments {unknown}")
 
 
-class _GroupsAttention(nn.Module):
-    """(b, n, h, d) → (b, n, h, d) seed head-group dilated attention."""
+class _SeedAttention(nn.Module):
+    """(b, n, h, d) → (b, n, h, d) seed attention call shape: a subclass
+    implements ``_attend(q, k, v, causal)`` on (b, h, n, d); this owns the
+    layout, the refused ``attention_mask`` and the seed's output dropout."""
 
-    def __init__(self, seed_name: str, segment_lengths, dilation_rates, dropout: float, softmax_scale):
+    def __init__(self, seed_name: str, modern: str, dropout: float):
         super().__init__()
-        warn_once(seed_name, "dilcompile.DilatedAttention(segment_lengths, dilation_rates, mode='groups') "
-                  "on (B, H, N, D) inputs")
-        self.config = dilated.DilatedAttentionConfig(segment_lengths, dilation_rates, mode="groups",
-                                                     scale=softmax_scale)
+        warn_once(seed_name, modern)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.dropout = float(dropout)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """query, key, value: (b, n, h, d) → (b, n, h, d)."""
+        if attention_mask is not None:
+            raise ValueError("attention_mask is not supported (the seed ignored it); for padding use "
+                             "dilcompile.dilated_attention(..., key_padding_mask=(B, N) bool) or the multihead class")
+        out = self._attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal)  # (b, h, n, d)
+        out = F.dropout(out, self.dropout, self.training)  # the seed's dropout on the attention output
+        return out.transpose(1, 2).contiguous()  # seed callers .view() the result
+
+
+class _GroupsAttention(_SeedAttention):
+    """Seed head-group dilated attention on one device."""
+
+    def __init__(self, seed_name: str, segment_lengths, dilation_rates, dropout: float, softmax_scale):
+        super().__init__(seed_name, "dilcompile.DilatedAttention(segment_lengths, dilation_rates, mode='groups') "
+                         "on (B, H, N, D) inputs", dropout)
+        self.config = dilated.DilatedAttentionConfig(segment_lengths, dilation_rates, mode="groups",
+                                                     scale=softmax_scale)
 
     @property
     def segment_lengths(self):
@@ -52,19 +74,10 @@ class _GroupsAttention(nn.Module):
     def num_groups(self) -> int:
         return len(self.config.segment_lengths)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False,
-                attention_mask: Tensor | None = None) -> Tensor:
-        """query, key, value: (b, n, h, d) → (b, n, h, d)."""
-        if attention_mask is not None:
-            raise ValueError("attention_mask is not supported (the seed ignored it); for padding use "
-                             "dilcompile.dilated_attention(..., key_padding_mask=(B, N) bool) or the multihead class")
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         c = self.config
-        out = dilated.dilated_attention(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), segment_lengths=c.segment_lengths,
-            dilation_rates=c.dilation_rates, causal=is_causal, mode="groups", scale=c.scale,
-        )  # (b, h, n, d)
-        out = F.dropout(out, self.dropout, self.training)  # the seed's dropout on the attention output
-        return out.transpose(1, 2).contiguous()  # seed callers .view() the result
+        return dilated.dilated_attention(q, k, v, segment_lengths=c.segment_lengths, dilation_rates=c.dilation_rates,
+                                         causal=causal, mode="groups", scale=c.scale)
 
     def extra_repr(self) -> str:
         return f"segment_lengths={self.segment_lengths}, dilation_rates={self.dilation_rates}, dropout={self.dropout}"
@@ -88,19 +101,12 @@ class ImprovedDilatedAttention(_GroupsAttention):
         super().__init__("ImprovedDilatedAttention", segment_lengths, dilation_rates, dropout, None)
 
 
-class _SeedMultihead(_ModernMultihead):
-    """Seed multihead call shape: ``forward(query, key=None, value=None,
-    key_padding_mask=None, need_weights=False, attn_mask=None, is_causal=False,
+class SeedCallShape:
+    """Mixin over a ``MultiheadAttentionBase`` subclass: the seed multihead call
+    shape ``forward(query, key=None, value=None, key_padding_mask=None,
+    need_weights=False, attn_mask=None, is_causal=False,
     average_attn_weights=True)`` returns ``out`` (B, N, E), or ``(out, None)``
     with ``need_weights=True`` (the seed never returned weights)."""
-
-    def __init__(self, seed_name, embed_dim, num_heads, dilation_rates, segment_lengths, dropout, bias, layer_norm,
-                 layer_norm_eps, gamma_init, device, dtype):
-        warn_once(seed_name, "dilcompile.MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, "
-                  "dilation_rates, mode='groups') (segment_lengths comes first there)")
-        super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout, bias=bias,
-                         sub_ln=layer_norm, mode="groups", device=device, dtype=dtype, gamma_init=gamma_init,
-                         layer_norm_eps=layer_norm_eps)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, need_weights: bool = False, attn_mask: Tensor | None = None,
@@ -110,6 +116,18 @@ class _SeedMultihead(_ModernMultihead):
                              "key_padding_mask=(B, N) bool, True = padding")
         out, _ = super().forward(query, key, value, is_causal=is_causal, key_padding_mask=key_padding_mask)
         return (out, None) if need_weights else out
+
+
+class _SeedMultihead(SeedCallShape, _ModernMultihead):
+    """Seed multihead dilated attention: modern groups-mode module, seed call shape."""
+
+    def __init__(self, seed_name, embed_dim, num_heads, dilation_rates, segment_lengths, dropout, bias, layer_norm,
+                 layer_norm_eps, gamma_init, device, dtype):
+        warn_once(seed_name, "dilcompile.MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, "
+                  "dilation_rates, mode='groups') (segment_lengths comes first there)")
+        super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout, bias=bias,
+                         sub_ln=layer_norm, mode="groups", device=device, dtype=dtype, gamma_init=gamma_init,
+                         layer_norm_eps=layer_norm_eps)
 
 
 class MultiheadDilatedAttention(_SeedMultihead):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from . import configs, dilated, pending
+from . import configs, dilated, ring, sparse
 
 _DEFAULT_SEGMENTS = [2048, 4096, 8192]
 _DEFAULT_RATES = [1, 2, 4]
@@ -14,18 +14,18 @@ _DEFAULT_RATES = [1, 2, 4]
 _ATTENTION = {
     "standard": dilated.DilatedAttention,
     "improved": dilated.ImprovedDilatedAttention,
-    "ring": pending.RingDilatedAttention,
-    "distributed": pending.DistributedImprovedDilatedAttention,
-    "improved_distributed": pending.DistributedImprovedDilatedAttention,
-    "block_sparse_ring": pending.BlockSparseRingDilatedAttention,
+    "ring": ring.RingDilatedAttention,
+    "distributed": ring.DistributedImprovedDilatedAttention,
+    "improved_distributed": ring.DistributedImprovedDilatedAttention,
+    "block_sparse_ring": sparse.BlockSparseRingDilatedAttention,
 }
 _MULTIHEAD = {
     "standard": dilated.MultiheadDilatedAttention,
     "improved": dilated.ImprovedMultiheadDilatedAttention,
-    "ring": pending.RingMultiheadDilatedAttention,
-    "distributed": pending.RingMultiheadDilatedAttention,
-    "improved_distributed": pending.RingMultiheadDilatedAttention,
-    "block_sparse_ring": pending.BlockSparseRingMultiheadDilatedAttention,
+    "ring": ring.RingMultiheadDilatedAttention,
+    "distributed": ring.RingMultiheadDilatedAttention,
+    "improved_distributed": ring.RingMultiheadDilatedAttention,
+    "block_sparse_ring": sparse.BlockSparseRingMultiheadDilatedAttention,
 }
 
 
@@ -69,13 +69,13 @@ def create_multihead_dilated_attention(attention_type: str = "auto", embed_dim: 
 def create_block_sparse_attention(sparsity_ratio: float = 0.9, pattern_type: str = "dilated_sparse",
                                   embed_dim: int = 768, num_heads: int = 12, **kwargs):
     config = configs.SparsePatternConfig(pattern_type=pattern_type, sparsity_ratio=1.0 - sparsity_ratio)
-    return pending.BlockSparseRingMultiheadDilatedAttention(
+    return sparse.BlockSparseRingMultiheadDilatedAttention(
         embed_dim, num_heads, kwargs.pop("segment_lengths", _DEFAULT_SEGMENTS),
         kwargs.pop("dilation_rates", _DEFAULT_RATES), sparse_config=config, **kwargs)
 
 
 def create_adaptive_sparse_attention(embed_dim: int = 768, num_heads: int = 12, min_sparsity: float = 0.1,
                                      max_sparsity: float = 0.9, **kwargs):
-    return pending.BlockSparseAdaptive(kwargs.pop("segment_lengths", _DEFAULT_SEGMENTS),
+    return sparse.BlockSparseAdaptive(kwargs.pop("segment_lengths", _DEFAULT_SEGMENTS),
                                        kwargs.pop("dilation_rates", _DEFAULT_RATES), num_heads,
                                        embed_dim // num_heads, **kwargs)

@@ -1,0 +1,114 @@
+"""The seed system's ring / sequence-parallel classes on
+:mod:`dilcompile.distributed`, seed constructor signatures, (b, n, h, d)
+layout (multihead: (B, N, E)), the seed's head-group semantics
+(``mode="groups"``).
+
+Each rank passes its contiguous shard of the sequence and gets its output
+shard, equal to the single-device ``compat`` class on the full sequence.
+Constructing needs no process group; ``forward`` needs an initialised one
+(``torch.distributed.init_process_group``, e.g. under torchrun) and raises a
+ValueError saying so otherwise. ``ring_size``, when given, must equal the
+group's size. Memory-pool, checkpointing, TF32, flash and block-size flags
+have no effect (the fused kernels choose their own blocking).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import Tensor
+
+from .. import distributed
+from ..dilated import DilatedAttentionConfig
+from ._deprecation import warn_once
+from .dilated import SeedCallShape, _SeedAttention
+
+RING = "dilcompile.distributed.RingDilatedAttention(segment_lengths, dilation_rates, mode='groups') " \
+       "(functional: ring_dilated_attention) on (B, H, L_p, D) shards"
+RING_MH = "dilcompile.distributed.RingMultiheadDilatedAttention(..., mode='groups')"
+
+
+def _check_ring_size(ring_size: int | None) -> None:
+    if ring_size is not None and (isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1):
+        raise ValueError(f"ring_size must be a positive int or None, got {ring_size!r}")
+
+
+def _check_group(ring_size: int | None) -> None:
+    """At forward: a clear error without a process group or with a mismatched ring_size."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("ring attention needs an initialised process group at forward time: call "
+                         "torch.distributed.init_process_group(...) first (e.g. under torchrun); on one device use "
+                         "dilcompile.compat.ImprovedDilatedAttention")
+    if ring_size is not None and ring_size != dist.get_world_size():
+        raise ValueError(f"ring_size={ring_size} but the process group has {dist.get_world_size()} ranks; "
+                         "pass ring_size=None (the whole group)")
+
+
+class _RingAttention(_SeedAttention):
+    """(b, n_p, h, d) shard → (b, n_p, h, d) shard of seed head-group ring attention."""
+
+    def __init__(self, seed_name: str, segment_lengths, dilation_rates, dropout: float, ring_size: int | None):
+        super().__init__(seed_name, RING, dropout)
+        _check_ring_size(ring_size)
+        self.ring = distributed.RingDilatedAttention(config=DilatedAttentionConfig(segment_lengths, dilation_rates,
+                                                                                   mode="groups"))
+        self.ring_size = ring_size
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        _check_group(self.ring_size)
+        return self.ring(q, k, v, causal=causal)
+
+    def extra_repr(self) -> str:
+        return f"{self.ring.extra_repr()}, dropout={self.dropout}, ring_size={self.ring_size}"
+
+
+class RingDilatedAttention(_RingAttention):
+    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, use_tf32: bool = True,
+                 block_size: int = 1024, ring_size: int | None = None, use_checkpointing: bool = True,
+                 device=None, dtype=None):
+        super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, ring_size)
+
+
+class RingDilatedAttentionV2(_RingAttention):
+    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, ring_size: int | None = None,
+                 device=None, dtype=None, enable_memory_pool: bool = True, enable_profiling: bool = False,
+                 lightweight_pool: bool = True):
+        super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, ring_size)
+
+
+class RingDilatedAttentionV2Collective(RingDilatedAttentionV2):
+    pass
+
+
+class DistributedImprovedDilatedAttention(_RingAttention):
+    """Seed sequence-parallel attention: the ring over the default group.
+    ``model_parallel=True`` (head sharding) is not provided (ValueError)."""
+
+    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, use_tf32: bool = True,
+                 sequence_parallel: bool = False, model_parallel: bool = False, use_flash_attention: bool = True,
+                 dtype=None, device=None):
+        if model_parallel:
+            raise ValueError("model_parallel=True (head sharding) is not provided; shard heads yourself and use "
+                             "sequence parallelism (the default) or pass model_parallel=False")
+        super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, None)
+
+
+class RingMultiheadDilatedAttention(SeedCallShape, distributed.RingMultiheadDilatedAttention):
+    """Seed ring multihead attention on each rank's (B, L_p, E) shard; seed
+    argument order (segment_lengths before dilation_rates, unlike the seed's
+    single-device multihead classes) and call shape."""
+
+    def __init__(self, embed_dim: int, num_heads: int, segment_lengths, dilation_rates, dropout: float = 0.0,
+                 bias: bool = True, layer_norm: bool = True, layer_norm_eps: float = 1e-5, gamma_init: float = 1.0,
+                 block_size: int = 1024, ring_size: int | None = None, use_checkpointing: bool = True,
+                 use_tf32: bool = True, use_flash_attention: bool = True, compile_model: bool = False,
+                 device=None, dtype=None):
+        warn_once(type(self).__name__, RING_MH)
+        _check_ring_size(ring_size)
+        super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout, bias=bias,
+                         sub_ln=layer_norm, mode="groups", device=device, dtype=dtype, gamma_init=gamma_init,
+                         layer_norm_eps=layer_norm_eps)
+        self.ring_size = ring_size
+
+    def attend(self, q, k, v, *, is_causal, key_padding_mask):
+        _check_group(self.ring_size)
+        return super().attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask)
