@@ -12,6 +12,10 @@ Input *hints* — ``seq_len``, ``num_heads``, ``head_dim``, ``dtype``,
 ``device``, ``training`` — describe the input; only ``kind="auto"`` reads them.
 
 Kinds live in a registry (:func:`register_variant`); adding one is one call.
+Registered: ``"dilated"``, ``"dilated-groups"``, ``"block-sparse"`` (config key
+``pattern``: a ``dilcompile.patterns`` pattern or spec string) and ``"ring"``
+(sequence-parallel dilated attention on each rank's shard; only with an
+initialised process group of more than one rank).
 
 ``kind="auto"`` never changes *what* is computed: it picks among the
 registered kinds that compute the requested attention (``pattern`` given →
@@ -41,8 +45,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention
+from .block_sparse.config import IMPLS as BLOCK_SPARSE_IMPLS
 from .dilated import DilatedAttention
 from .dilated.config import IMPLS
+from .distributed import RingDilatedAttention, RingMultiheadDilatedAttention
 from .kernels import backend_for
 from .multihead import MultiheadDilatedAttention
 from .profile.env import cpu_model
@@ -120,6 +127,47 @@ def _dilated_kind(kind: str, mode: str) -> Variant:
 
 register_variant(_dilated_kind("dilated", "longnet"))
 register_variant(_dilated_kind("dilated-groups", "groups"))
+
+
+# -- block-sparse ---------------------------------------------------------------------------------
+
+def _block_sparse_attention(*, pattern, causal=False, scale=None, impl="auto", block_size=128):
+    return BlockSparseAttention(pattern, causal=causal, scale=scale, impl=impl, block_size=block_size)
+
+
+def _block_sparse_multihead(*, embed_dim, num_heads, pattern, dropout=0.0, bias=True, sub_ln=True, gamma_init=1.0,
+                            scale=None, impl="auto", block_size=128, device=None, dtype=None):
+    return MultiheadBlockSparseAttention(embed_dim, num_heads, pattern, dropout=dropout, bias=bias, sub_ln=sub_ln,
+                                         gamma_init=gamma_init, scale=scale, impl=impl, block_size=block_size,
+                                         device=device, dtype=dtype)
+
+
+register_variant(Variant("block-sparse", "block-sparse", _block_sparse_attention, _block_sparse_multihead,
+                         impls=lambda: tuple(i for i in BLOCK_SPARSE_IMPLS if i != "reference")))
+
+
+# -- ring (sequence parallel): each rank passes its shard -------------------------------------------
+
+def _ring_unusable(hints: dict) -> str | None:
+    if not process_group_active():
+        return ("needs an initialised torch.distributed process group with more than one rank "
+                "(torch.distributed.init_process_group, e.g. under torchrun)")
+    return _kernel_unusable(hints)
+
+
+def _ring_attention(*, segment_lengths, dilation_rates, causal=False, scale=None, impl="auto"):
+    return RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, scale=scale, impl=impl)
+
+
+def _ring_multihead(*, embed_dim, num_heads, segment_lengths, dilation_rates, dropout=0.0, bias=True, sub_ln=True,
+                    gamma_init=1.0, scale=None, device=None, dtype=None):
+    return RingMultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, dilation_rates, dropout=dropout,
+                                         bias=bias, sub_ln=sub_ln, device=device, dtype=dtype, gamma_init=gamma_init,
+                                         scale=scale)
+
+
+register_variant(Variant("ring", "dilated:longnet", _ring_attention, _ring_multihead, priority=10,
+                         unusable=_ring_unusable, impls=lambda: ("auto", "sdpa")))
 
 
 # -- choosing ---------------------------------------------------------------------------------------
@@ -257,6 +305,9 @@ def _build(builder_of: str, kind: str, config: dict, hints: dict, explain: bool,
             config = {**config, "impl": choice.impl}
         kind = choice.kind
     elif kind in _REGISTRY:
+        why = _REGISTRY[kind].unusable(hints) if kind == "ring" else None
+        if why:  # a ring module built without a group would fail only at its first forward
+            raise ValueError(f"kind 'ring' {why}; on one device use kind='dilated'")
         choice = Choice(kind, config.get("impl", "auto"), "explicit", "kind given by the caller")
     else:
         raise ValueError(f"kind must be 'auto' or one of {kinds()}, got {kind!r}")

@@ -119,3 +119,29 @@ def test_auto_falls_back_when_the_store_has_no_runs_view(tmp_path):
     duckdb.connect(str(path)).close()
     _, choice = create_dilated_attention("auto", explain=True, store=path, **SHAPE, **KW)
     assert choice.source == "rule" and "no 'runs' view" in choice.reason
+
+
+def test_block_sparse_kind_builds_modules_equal_to_the_functional_op():
+    from dilcompile import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
+
+    att = create_dilated_attention("block-sparse", pattern="local_window(window=5)", causal=True, block_size=16)
+    assert isinstance(att, BlockSparseAttention)
+    q, k, v = (torch.randn(1, 2, 45, 8, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(att(q, k, v), block_sparse_attention(q, k, v, "local_window(window=5)", causal=True,
+                                                                    impl="reference"), rtol=1e-10, atol=1e-10)
+    mha = create_multihead_dilated_attention("block-sparse", embed_dim=16, num_heads=2, pattern="local_window(5)",
+                                             sub_ln=False)
+    assert isinstance(mha, MultiheadBlockSparseAttention) and mha.sub_ln is None
+    _, choice = create_dilated_attention("auto", explain=True, pattern="local_window(5)")
+    assert choice.kind == "block-sparse"
+    with pytest.raises(TypeError, match=r"takes no \['segment_lengths'\]"):
+        create_dilated_attention("block-sparse", pattern="local_window(5)", segment_lengths=(16,))
+
+
+def test_ring_kind_needs_a_process_group_and_auto_skips_it_without_one():
+    with pytest.raises(ValueError, match="process group"):
+        create_dilated_attention("ring", **KW)
+    with pytest.raises(ValueError, match="process group"):
+        create_multihead_dilated_attention("ring", embed_dim=32, num_heads=4, **KW)
+    _, choice = create_dilated_attention("auto", explain=True, **KW)
+    assert choice.kind == "dilated" and "ring: needs an initialised" in choice.reason
