@@ -76,3 +76,31 @@ def test_block_sparse_adapter_runs_and_counts_pattern_flops(merged):
     assert built.config == {"pattern": "band(3)"}
     row, _ = Profiler(warmup=0, repeats=2, max_time_s=0.01).measure(point)
     assert row["latency_ms"] > 0
+
+
+def test_real_block_sparse_and_multihead_sweep_writes_ok_rows_with_exact_useful_flops(tmp_path):
+    """The real dilcompile.patterns / MultiheadDilatedAttention, through a sweep into DuckDB."""
+    from dilcompile import store
+    from dilcompile.patterns import from_spec
+    from dilcompile.profile.runner import run_sweep
+    from dilcompile.profile.sweep import from_dict
+
+    spec = "local_window(window=16)"
+    defaults = dict(batch=2, heads=2, head_dim=8, dtype="float32", causal=True, device="cpu", segments=[16, 32],
+                    rates=[1, 2])
+    doc = {"warmup": 0, "repeats": 2, "max_time_s": 0.01, "defaults": defaults,
+           "grid": [{"variant": ["multihead", f"block-sparse:{spec}"], "seq_len": [70], "pass": ["fwd", "fwd_bwd"]}]}
+    db = tmp_path / "runs.duckdb"
+    rows = run_sweep(from_dict(doc, "cpu"), str(db), progress=False)
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r.get("error") for r in rows]
+    names, got = store.query(db, 'SELECT variant, "pass", useful_flops, impl FROM runs')
+    flops = {(v, p): (f, impl) for v, p, f, impl in got}
+    i, j = torch.arange(70)[:, None], torch.arange(70)[None, :]
+    band = 2 * (((i - j).abs() <= 16) & (j <= i)).sum().item()  # 2 heads, causal window
+    assert from_spec(spec).nnz(2, 70, True) == band
+    dil = nnz(plan_parts(2, (16, 32), (1, 2)), 2, 70, True)
+    for pass_, factor in (("fwd", 1.0), ("fwd_bwd", 3.5)):
+        assert flops[(f"block-sparse:{spec}", pass_)] == (4 * 2 * 8 * band * factor, "gather")
+        assert flops[("multihead", pass_)][0] == 4 * 2 * 8 * dil * factor
+    with pytest.raises(ValueError, match="data-dependent"):
+        variants.pattern_nnz(from_spec("adaptive(head_dim=8)"), 2, 70, False)

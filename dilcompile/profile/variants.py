@@ -197,20 +197,23 @@ def _multihead(point: Point, arg: str) -> Built:
 
 
 def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
-    """Attended (head, query, key) triples of a block-sparse pattern: from its
-    ``nnz`` or ``density`` method when it has one, else by evaluating its
-    ``mask_mod`` in row blocks (exact, O(H·N²) work)."""
-    for name in ("nnz", "density"):
-        method = getattr(pattern, name, None)
-        if method is None:
-            continue
-        params = inspect.signature(method).parameters
-        if causal and "causal" not in params:
-            continue  # can't tell whether it counts the causal half
-        value = method(n, causal=causal) if "causal" in params else method(n)
-        if name == "density":
-            return int(round(float(value) * dense_nnz(heads, n, False)))
-        return int(value) * heads  # the pattern API counts (query, key) pairs of one head
+    """Attended (head, query, key) triples of a block-sparse pattern, exactly.
+
+    A ``dilcompile.patterns`` pattern counts itself: ``nnz(num_heads, n,
+    causal)`` (full blocks in closed form, the token mask on partial blocks).
+    Another object with a ``mask_mod`` is evaluated in row blocks (O(H·N²)
+    work); one with only ``density(n)`` is trusted for non-causal counts.
+    Data-dependent (adaptive) patterns have no static count (ValueError)."""
+    if getattr(pattern, "data_dependent", False):
+        raise ValueError(f"pattern {pattern!r} is data-dependent (its blocks depend on q and k): it has no static "
+                         "useful-FLOP count; profile a fixed pattern")
+    if callable(getattr(pattern, "nnz", None)):
+        return int(pattern.nnz(heads, n, causal))
+    if not hasattr(pattern, "mask_mod"):
+        if causal or not callable(getattr(pattern, "density", None)):
+            raise ValueError(f"pattern {pattern!r} has no nnz(num_heads, n, causal) or mask_mod to count causal "
+                             "triples with")
+        return int(round(float(pattern.density(n)) * dense_nnz(heads, n, False)))
     h = torch.arange(heads)[:, None, None]
     kv = torch.arange(n)[None, None, :]
     total, step = 0, max(1, 2**24 // max(1, heads * n))
@@ -234,13 +237,28 @@ def _block_sparse(point: Point, spec: str) -> Built:
                        exc) from None
     pattern = from_spec(spec)
     causal = point.causal
+    flops = _flops(point, pattern_nnz(pattern, point.heads, point.seq_len, causal))
+    inputs = _qkv(point, point.pass_ == "fwd_bwd")
+    impl = _block_sparse_impl(pattern, inputs[0], point)
 
     def fn(q, k, v):
         return block_sparse_attention(q, k, v, pattern, causal=causal)
 
-    return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"),
-                 _flops(point, pattern_nnz(pattern, point.heads, point.seq_len, causal)), impl="block-sparse",
-                 mode=None, config={"pattern": spec}, key=("block-sparse", spec, causal))
+    return Built(fn, inputs, flops, impl=impl, mode=None, config={"pattern": spec}, key=("block-sparse", spec, causal))
+
+
+def _block_sparse_impl(pattern, q, point: Point) -> str:
+    """The backend block_sparse_attention's "auto" takes here (recorded in the
+    row, so the factory's "auto" can pick it). A FlexAttention mask is built
+    now: inside torch.compile it cannot be, and auto would fall back to gather."""
+    if not hasattr(pattern, "block_mask"):  # not a dilcompile.patterns pattern: no backends to choose from
+        return "auto"
+    from dilcompile.block_sparse import cache, choose_impl
+
+    impl = choose_impl(q, pattern, "auto", point.pass_ == "fwd_bwd")
+    if impl == "flex":
+        cache.block_mask(pattern, point.causal, point.batch, point.heads, point.seq_len, 128, q.device)
+    return impl
 
 
 def describe() -> str:
