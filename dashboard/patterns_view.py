@@ -1,11 +1,11 @@
-"""Mask pictures for the Patterns page: the dilated geometry (always available)
-and block-sparse patterns (``dilcompile.patterns``, optional)."""
+"""Mask pictures for the Patterns page: the dilated geometry and the
+block-sparse patterns of ``dilcompile.patterns``."""
 
 from __future__ import annotations
 
-import importlib
-
 import torch
+
+from dilcompile import patterns
 
 from dilcompile.dilated.config import check_branches
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
@@ -40,12 +40,41 @@ def dilated_pattern(n: int, heads: int, segments, rates, mode: str = "longnet", 
             "max_multiplicity": int(counts.max())}
 
 
-def load_patterns():
-    """The block-sparse pattern library, or None when this checkout doesn't have it."""
-    try:
-        return importlib.import_module("dilcompile.patterns")
-    except ImportError:
-        return None
+# A working spec per pattern for the spec box (sizes that show structure at N ≈ 256).
+EXAMPLES = {
+    "local_window": "local_window(window=64)",
+    "dilated": "dilated(segment_lengths=(64, 128), dilation_rates=(1, 2))",
+    "global_local": "global_local(window=32, global_tokens=16)",
+    "random_blocks": "random_blocks(density=0.2, block_size=16, seed=0)",
+    "hierarchical": "hierarchical(levels=((1, 8), (8, 4), (32, 4)))",
+    "hilbert": "hilbert(height=16, width=16, radius=2)",
+    "union": "union(local_window(window=16), random_blocks(density=0.1, block_size=16, seed=0))",
+    "intersection": "intersection(local_window(window=96), hierarchical(levels=((1, 8), (8, 8))))",
+    "causal": "causal(local_window(window=64))",
+}
+
+
+def static_pattern_names() -> list[str]:
+    """Pattern names the page can draw: all but the data-dependent ones (adaptive)."""
+    return [name for name in patterns.PATTERN_NAMES if not patterns.PATTERNS[name].data_dependent]
+
+
+def example_spec(name: str) -> str:
+    return EXAMPLES.get(name) or repr(patterns.PATTERNS[name]())
+
+
+def block_sparse_pattern(spec: str, n: int, heads: int = 1, head: int = 0, causal: bool = False) -> dict:
+    """``pattern``, overall ``density`` (all heads) and the library's ``figure``
+    (``patterns.plot.pattern_figure``: token level up to N = 1024, blocks above)."""
+    from dilcompile.patterns.plot import pattern_figure
+
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"N must be in 1..{MAX_N} for the picture, got {n}")
+    pattern = patterns.from_spec(spec)
+    if pattern.data_dependent:
+        raise ValueError(f"{spec!r} is data-dependent (its blocks depend on q and k): it has no static picture")
+    figure = pattern_figure(pattern, n, head=head, num_heads=heads, causal=causal)
+    return {"pattern": pattern, "density": pattern.density(n, heads, causal), "figure": figure}
 
 
 def pattern_mask(pattern, n: int, head: int = 0, causal: bool = False) -> torch.Tensor:
@@ -59,19 +88,3 @@ def pattern_mask(pattern, n: int, head: int = 0, causal: bool = False) -> torch.
     if causal:
         allowed = allowed & (kv <= q)
     return allowed
-
-
-def library_figure(pattern, n: int, causal: bool):
-    """The pattern library's own figure (``dilcompile.patterns.plot``) if it has one, else None."""
-    try:
-        plot = importlib.import_module("dilcompile.patterns.plot")
-    except ImportError:
-        return None
-    for name in ("figure", "pattern_figure", "mask_figure", "plot_pattern", "plot"):
-        fn = getattr(plot, name, None)
-        if callable(fn):
-            try:
-                return fn(pattern, n, causal=causal)
-            except TypeError:
-                return fn(pattern, n)
-    return None

@@ -8,19 +8,14 @@ st.title("Patterns")
 st.caption("Which (query, key) pairs a configuration attends to. Darker = counted more often "
            "(LongNet counts a key reached by two branches twice).")
 
-lib = pv.load_patterns()
-kinds = ["dilated"] + (["block-sparse"] if lib is not None else [])
-kind = st.radio("pattern family", kinds, horizontal=True, key="pat_kind")
-if lib is None:
-    st.info("Block-sparse patterns need `dilcompile.patterns` (the pattern library), which this install "
-            "does not have; only the dilated pattern is shown.", icon="ℹ️")
+kind = st.radio("pattern family", ["dilated", "block-sparse"], horizontal=True, key="pat_kind")
 
 c1, c2, c3 = st.columns(3)
 n = c1.number_input("sequence length N", min_value=8, max_value=pv.MAX_N, value=256, step=8, key="pat_n")
 causal = c3.toggle("causal", value=False, key="pat_causal")
+heads = c2.number_input("heads H", min_value=1, max_value=64, value=4, key="pat_heads")
 
 if kind == "dilated":
-    heads = c2.number_input("heads H", min_value=1, max_value=64, value=4, key="pat_heads")
     c4, c5, c6 = st.columns(3)
     seg_text = c4.text_input("segment lengths", "64, 128", key="pat_segments")
     rate_text = c5.text_input("dilation rates", "1, 2", key="pat_rates")
@@ -41,17 +36,15 @@ if kind == "dilated":
                         width="stretch", key="pat_mask")
         st.plotly_chart(figures.density_bar(res["head_density"]), width="stretch", key="pat_density")
 else:
-    names = list(getattr(lib, "PATTERN_NAMES", []))
-    name = c2.selectbox("pattern", names, key="pat_name")
-    spec = st.text_input("spec (the pattern and its parameters, as in `block-sparse:<spec>`)", f"{name}",
-                         key=f"pat_spec_{name}")
+    names = pv.static_pattern_names()
+    name = st.selectbox("pattern", names, key="pat_name")
+    spec = st.text_input("spec (the pattern and its parameters, as in `block-sparse:<spec>`)",
+                         pv.example_spec(name), key=f"pat_spec_{name}")
+    head = st.slider("head", 0, int(heads) - 1, 0, key="pat_bs_head") if heads > 1 else 0
     try:
-        pattern = lib.from_spec(spec)
-        fig = pv.library_figure(pattern, int(n), causal)
-        mask = pv.pattern_mask(pattern, int(n), 0, causal)
+        res = pv.block_sparse_pattern(spec, int(n), int(heads), head, causal)
     except (ValueError, TypeError) as exc:
         st.error(str(exc))
     else:
-        st.metric("density (head 0)", f"{float(mask.double().mean()):.2%}")
-        st.plotly_chart(fig if fig is not None else figures.mask_figure(mask, title=f"{spec}, N={n}"),
-                        width="stretch", key="pat_mask")
+        st.metric("density (all heads)", f"{res['density']:.2%}", help="allowed (head, query, key) triples ÷ H·N²")
+        st.plotly_chart(res["figure"], width="stretch", key="pat_mask")

@@ -114,36 +114,26 @@ def test_empty_everywhere_says_how_to_add_runs(dashboard_env, tmp_path):
         assert "dilcompile profile" in at.warning[0].value
 
 
-def test_patterns_block_sparse_when_the_library_is_there(dashboard_env, tmp_path, monkeypatch):
-    """The pattern library is optional: with a module providing PATTERN_NAMES and
-    from_spec, the page offers it and draws the mask from the pattern's mask_mod."""
-    import sys
-    import types
+def test_patterns_block_sparse_with_the_pattern_library(dashboard_env, tmp_path):
+    """Every static pattern's starting spec draws; a bad spec is an error naming it;
+    the density metric is the library's exact count."""
+    from dilcompile.patterns import from_spec
 
-    class Band:
-        def __init__(self, width):
-            self.width = width
-
-        def mask_mod(self, b, h, q_idx, kv_idx):
-            return (q_idx - kv_idx).abs() < self.width
-
-    def from_spec(spec):
-        name, _, arg = spec.partition("(")
-        if name != "local_window" or not arg.rstrip(")").isdigit():
-            raise ValueError(f"unknown pattern spec {spec!r}; try local_window(16)")
-        return Band(int(arg.rstrip(")")))
-
-    fake = types.ModuleType("dilcompile.patterns")
-    fake.PATTERN_NAMES, fake.from_spec = ["local_window"], from_spec
-    monkeypatch.setitem(sys.modules, "dilcompile.patterns", fake)
     dashboard_env(str(tmp_path / "missing.duckdb"))
     at = _page("patterns")
-    assert not at.info  # no "library missing" note
     at.radio(key="pat_kind").set_value("block-sparse").run()
-    assert "unknown pattern spec" in at.error[0].value  # the bare name is not a full spec
+    assert at.selectbox(key="pat_name").value == "local_window"
+    assert at.text_input(key="pat_spec_local_window").value == "local_window(window=64)"
+    assert not at.exception and not at.error and len(at.get("plotly_chart")) == 1
+    for name in at.selectbox(key="pat_name").options:
+        at.selectbox(key="pat_name").set_value(name).run()
+        assert not at.exception and not at.error, (name, at.error and at.error[0].value)
+    at.selectbox(key="pat_name").set_value("local_window").run()
+    at.text_input(key="pat_spec_local_window").set_value("local_windw(8)").run()
+    assert "unknown pattern" in at.error[0].value
     at.number_input(key="pat_n").set_value(64).run()
-    at.text_input(key="pat_spec_local_window").set_value("local_window(8)").run()
+    at.number_input(key="pat_heads").set_value(1).run()
+    at.text_input(key="pat_spec_local_window").set_value("local_window(window=8)").run()
     assert not at.exception and not at.error
-    assert len(at.get("plotly_chart")) == 1
-    expected = sum(1 for i in range(64) for j in range(64) if abs(i - j) < 8) / 64**2
-    assert at.metric[0].value == f"{expected:.2%}"
+    expected = sum(1 for i in range(64) for j in range(64) if abs(i - j) <= 8) / 64**2
+    assert at.metric[0].value == f"{expected:.2%}" == f"{from_spec('local_window(window=8)').density(64):.2%}"
