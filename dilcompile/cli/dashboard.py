@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def run(args) -> int:
     db = os.path.abspath(args.db)
     env = {**os.environ, "DILCOMPILE_DB": db}
     print(f"dashboard: http://{args.address}:{args.port}  (store {db}; Ctrl+C stops it)", flush=True)
-    try:
-        return subprocess.call(streamlit_command(APP, args.address, args.port), env=env)
-    except KeyboardInterrupt:
-        return 0
+    # Become the server (exec, not a child): a signal to this process — Ctrl+C,
+    # a supervisor's SIGTERM — reaches streamlit itself, so no server is orphaned.
+    command = streamlit_command(APP, args.address, args.port)
+    os.execve(command[0], command, env)
