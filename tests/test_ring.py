@@ -40,8 +40,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport):
-    """Max errors of this rank's output shard and gradient shards vs the float64 reference."""
+def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport, pass_lengths=True):
+    """Max errors of this rank's output shard and gradient shards vs the float64 reference.
+    ``pass_lengths=False``: the ranks learn each other's (uneven) shard lengths themselves."""
     gen = torch.Generator().manual_seed(seed)
     n, b, d = sum(lengths), 2, 8
     q, k, v, grad = (torch.randn(b, heads, n, d, generator=gen, dtype=torch.float64) for _ in range(4))
@@ -53,7 +54,7 @@ def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, trans
     s = sum(lengths[:rank])
     rows = slice(s, s + lengths[rank])
     shard = [t[:, :, rows].clone().requires_grad_() for t in (q, k, v)]
-    out = ring_dilated_attention(*shard, shard_lengths=lengths, transport=transport, **kw)
+    out = ring_dilated_attention(*shard, shard_lengths=lengths if pass_lengths else None, transport=transport, **kw)
     grads = torch.autograd.grad(out, shard, grad[:, :, rows])
     errors = {"out": (out - ref[:, :, rows]).abs().max().item() if out.numel() else 0.0}
     for name, g, w in zip(("dq", "dk", "dv"), grads, ref_grads):
@@ -97,6 +98,22 @@ def _check_low_precision(rank, lengths, heads, segments, rates, causal, dtype, t
     return failures
 
 
+def _wrong_shard_lengths_message(rank, world):
+    """Only rank 0 passes a wrong ``shard_lengths`` (the others pass None):
+    every rank must raise ValueError, and the group must still work after."""
+    lengths = CASES[world][1][0]
+    wrong = (lengths[0] + 1, *lengths[1:])
+    q = torch.randn(1, 2, lengths[rank], 4, dtype=torch.float64)
+    kw = dict(segment_lengths=(8, 32), dilation_rates=(1, 2))
+    try:
+        ring_dilated_attention(q, q, q, shard_lengths=wrong if rank == 0 else None, **kw)
+        message = None
+    except ValueError as e:
+        message = str(e)
+    ring_dilated_attention(q, q, q, **kw)  # the ranks are still in step
+    return message
+
+
 def _worker(rank, world, port, result_dir):
     report = {"rank": rank, "cases": [], "error": None}
     try:
@@ -109,13 +126,20 @@ def _worker(rank, world, port, result_dir):
                     seed = 100 * i + causal
                     errors = _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport)
                     report["cases"].append({"case": i, "causal": causal, "transport": transport, **errors})
+        # Uneven (and empty) shards without shard_lengths: the lengths are gathered inside the op.
+        report["uneven_unspecified"] = []
+        for i in range(1, len(CASES[world])):
+            transport = "ring" if i == 2 else "all_to_all"
+            errors = _check_case(rank, *CASES[world][i], True, 100 * i + 1, transport, pass_lengths=False)
+            report["uneven_unspecified"].append({"case": i, **errors})
+        report["wrong_lengths"] = _wrong_shard_lengths_message(rank, world)
         report["low_precision"] = []
         for dtype in (torch.bfloat16, torch.float32):
             # Cases with a rate-1 branch: every row is covered, so the plain yardstick has no NaN gradients.
             case = CASES[2][1] if world == 2 else CASES[4][0]
             transport = "all_to_all" if world == 2 else "ring"
             report["low_precision"] += _check_low_precision(rank, *case[:4], world == 4, dtype, transport)
-        # The module on the default group, equal shards (shard_lengths inferred).
+        # The module on the default group, equal shards (shard_lengths gathered).
         lengths, heads, segments, rates, mode = CASES[world][0]
         gen = torch.Generator().manual_seed(7)
         q, k, v = (torch.randn(1, heads, sum(lengths), 8, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -124,7 +148,10 @@ def _worker(rank, world, port, result_dir):
         out = ring(*(t[:, :, s : s + lengths[rank]] for t in (q, k, v)))
         ref = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=True, impl="reference")
         report["module_err"] = (out - ref[:, :, s : s + lengths[rank]]).abs().max().item()
-        if world == 2:  # compiled: one graph node, the collectives run inside it
+        if world == 2:  # compiled, uneven shards, no shard_lengths: one graph node, the gather runs inside it
+            lengths = CASES[2][1][0]
+            s = sum(lengths[:rank])
+            q, k, v = (torch.randn(1, heads, sum(lengths), 8, generator=gen, dtype=torch.float64) for _ in range(3))
             compiled = torch.compile(ring, fullgraph=True)
             shard = [t[:, :, s : s + lengths[rank]].clone().requires_grad_() for t in (q, k, v)]
             out = compiled(*shard)
@@ -161,6 +188,13 @@ def test_ring_matches_single_device_reference_with_gradients(world, tmp_path):
             assert not case["nan"], case
             for name in ("out", "dq", "dk", "dv"):
                 assert case[name] < 1e-10, (rank, case)
+        assert len(report["uneven_unspecified"]) == len(CASES[world]) - 1
+        for case in report["uneven_unspecified"]:
+            assert not case["nan"], case
+            for name in ("out", "dq", "dk", "dv"):
+                assert case[name] < 1e-10, (rank, case)
+        assert report["wrong_lengths"] is not None, rank
+        assert "shard_lengths[0]" in report["wrong_lengths"] and "on rank 0" in report["wrong_lengths"]
         assert report["module_err"] < 1e-10
         assert not report["low_precision"], report["low_precision"]
         if world == 2:
@@ -256,8 +290,9 @@ def test_compiles_fullgraph_one_graph_over_n_sweep_and_opcheck():
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
         assert not counters["graph_break"], dict(counters["graph_break"])
         q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
-        args = (q, k, v, [8, 32], [1, 2], "longnet", True, 0.25, [40], dist.group.WORLD.group_name, "auto")
-        torch.library.opcheck(ring_dilated_fwd, args)
+        for claimed in ([40], []):  # shard_lengths given / gathered only
+            args = (q, k, v, [8, 32], [1, 2], "longnet", True, 0.25, claimed, dist.group.WORLD.group_name, "auto")
+            torch.library.opcheck(ring_dilated_fwd, args)
     finally:
         torch._dynamo.reset()
         dist.destroy_process_group()

@@ -1,7 +1,8 @@
 """RingMultiheadDilatedAttention on P = 2 gloo ranks equals
 MultiheadDilatedAttention on the full sequence with the same state_dict:
-outputs, input gradients and parameter gradients (all-reduced); the factory's
-"ring" kind and the seed-compat ring class inside a real group."""
+outputs, input gradients and parameter gradients (all-reduced), on equal and
+uneven shards (the module takes no shard_lengths: the ranks gather them); the
+factory's "ring" kind and the seed-compat ring class inside a real group."""
 
 import json
 import os
@@ -18,25 +19,31 @@ from dilcompile.distributed import RingMultiheadDilatedAttention
 
 from test_ring import _free_port
 
-WORLD, LENGTHS, E, H = 2, (24, 24), 32, 4  # the module takes equal shards (no shard_lengths)
+WORLD, LENGTHS, E, H = 2, (24, 24), 32, 4
+UNEVEN = (13, 20)  # N = 33: the boundary inside the 16-row segment [16, 32)
+EMPTY = (0, 33)  # rank 0 holds no rows
+
+
+def _err(a, b) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
 SEGMENTS, RATES = (8, 16, 48), (1, 2, 4)  # local, across the boundary, the whole sequence
 
 
-def _multihead_errors(rank: int, causal: bool) -> dict:
+def _multihead_errors(rank: int, causal: bool, lengths=LENGTHS) -> dict:
     torch.manual_seed(3)
     full = MultiheadDilatedAttention(E, H, SEGMENTS, RATES, dtype=torch.float64)
     ring = RingMultiheadDilatedAttention(E, H, SEGMENTS, RATES, dtype=torch.float64)
     ring.load_state_dict(full.state_dict())
-    x = torch.randn(2, sum(LENGTHS), E, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, sum(lengths), E, dtype=torch.float64, requires_grad=True)
     grad = torch.randn_like(x)
     want, _ = full(x, is_causal=causal)
     want.backward(grad)
 
-    rows = slice(sum(LENGTHS[:rank]), sum(LENGTHS[: rank + 1]))
+    rows = slice(sum(lengths[:rank]), sum(lengths[: rank + 1]))
     shard = x.detach()[:, rows].clone().requires_grad_()
     out, _ = ring(shard, is_causal=causal)
     out.backward(grad[:, rows])
-    errors = {"out": (out - want[:, rows]).abs().max().item(), "dx": (shard.grad - x.grad[:, rows]).abs().max().item()}
+    errors = {"out": _err(out, want[:, rows]), "dx": _err(shard.grad, x.grad[:, rows])}
     for (name, p), q in zip(ring.named_parameters(), full.parameters()):
         dist.all_reduce(p.grad)  # each rank holds its shard's share of the parameter gradient
         errors[name] = (p.grad - q.grad).abs().max().item()
@@ -65,6 +72,8 @@ def _worker(rank, port, result_dir):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                                 timeout=timedelta(seconds=60))
         report["cases"] = {str(causal): _multihead_errors(rank, causal) for causal in (False, True)}
+        report["cases"].update({f"uneven {causal}": _multihead_errors(rank, causal, UNEVEN) for causal in (False, True)})
+        report["cases"]["empty True"] = _multihead_errors(rank, True, EMPTY)
         report.update(_factory_and_compat_errors(rank))
         dist.barrier()
         dist.destroy_process_group()
@@ -81,6 +90,7 @@ def test_ring_multihead_equals_full_sequence_multihead_with_parameter_gradients(
     for rank in range(WORLD):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]
+        assert len(report["cases"]) == 5
         for causal, errors in report["cases"].items():
             assert set(errors) >= {"out", "dx", "qkv_proj.weight", "sub_ln.weight", "out_proj.bias"}, errors
             for name, err in errors.items():

@@ -24,21 +24,18 @@ def resolve_group(group):
     return dist.group.WORLD if group is None else group
 
 
-def check_shard_lengths(shard_lengths, local_len: int, world: int, rank: int) -> tuple[int, ...]:
-    """The length of every rank's shard; validates ``shard_lengths`` against this rank's shard."""
+def check_shard_lengths(shard_lengths, world: int) -> list[int]:
+    """``shard_lengths`` as a list of ``world`` ints ([] for None). Only its form
+    is checked here; its values are checked against the gathered shard lengths
+    inside the op, where every rank sees every rank's claim and raises alike."""
     if shard_lengths is None:
-        return (local_len,) * world
+        return []
     if isinstance(shard_lengths, (int, str)) or not hasattr(shard_lengths, "__iter__"):
         raise TypeError(f"shard_lengths must be a sequence of {world} ints (one per rank), got {shard_lengths!r}")
     lengths = tuple(shard_lengths)
     if len(lengths) != world or any(isinstance(x, bool) or not isinstance(x, Integral) or x < 0 for x in lengths):
         raise ValueError(f"shard_lengths must hold {world} non-negative ints (one per rank), got {lengths!r}")
-    if lengths[rank] != local_len:
-        raise ValueError(
-            f"shard_lengths[{rank}] = {lengths[rank]} but rank {rank}'s q has {local_len} positions; "
-            "pass every rank's shard length in rank order"
-        )
-    return tuple(int(x) for x in lengths)
+    return [int(x) for x in lengths]
 
 
 def ring_dilated_attention(
@@ -69,9 +66,11 @@ def ring_dilated_attention(
         segment_lengths, dilation_rates, causal, mode, scale: as in
             ``dilcompile.dilated_attention`` (segments longer than N are clamped to N).
         group: a ``torch.distributed`` process group; None → the default group.
-        shard_lengths: every rank's L_p in rank order. None (default): all
-            shards have this rank's length, N = world · L. Pass it when N is
-            not divisible by the world size.
+        shard_lengths: every rank's L_p in rank order, or None (default).
+            Either way the op learns every rank's length with one tiny
+            all-gather per call, so uneven shards need nothing extra; when
+            given, it is checked against the gathered lengths and a mismatch
+            raises ValueError on every rank of the group.
         transport: how fetched K/V rows move. "all_to_all": one collective per
             direction, rows kept for the backward; "ring": P − 1 point-to-point
             rounds overlapped with compute, at most two sources' rows held at a
@@ -93,10 +92,9 @@ def ring_dilated_attention(
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     group = resolve_group(group)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    lengths = check_shard_lengths(shard_lengths, q.shape[2], world, rank)
-    out, _, _ = ops.ring_dilated_fwd(
-        q, k, v, list(segments), list(rates), mode, causal, float(scale), list(lengths), group.group_name,
+    claimed = check_shard_lengths(shard_lengths, dist.get_world_size(group))
+    out, _, _, _ = ops.ring_dilated_fwd(
+        q, k, v, list(segments), list(rates), mode, causal, float(scale), claimed, group.group_name,
         transport,
     )
     if mode == "groups":

@@ -15,6 +15,8 @@ class RingMultiheadDilatedAttention(MultiheadAttentionBase):
     """Multihead ring dilated attention; every rank passes its contiguous
     (B, L_p, E) shard and gets its output shard, equal to
     ``MultiheadDilatedAttention`` on the full sequence with the same weights.
+    Shards may differ in length (L_p = 0 included): the ranks learn each
+    other's lengths inside the op, with one tiny all-gather per call.
 
     Parameters (and state-dict keys) are those of
     :class:`~dilcompile.multihead.MultiheadAttentionBase`; keep them identical

@@ -2,7 +2,13 @@
 and backward as custom ops with fake and autograd rules, so autograd gives the
 exact gradients (the backward's collective is part of the op) and Dynamo sees
 one opaque node per call. The process group travels by name (a custom op
-cannot take a ``ProcessGroup``), as in ``torch.distributed._functional_collectives``."""
+cannot take a ``ProcessGroup``), as in ``torch.distributed._functional_collectives``.
+
+Every rank's shard length is learned in the forward by one tiny all-gather
+(``gather_shard_lengths``), inside the op, so it runs eagerly even under
+``torch.compile``; the lengths come back as a small int64 tensor that the
+backward reads, so the backward exchanges nothing extra and nothing is cached
+across calls."""
 
 from __future__ import annotations
 
@@ -20,6 +26,39 @@ from .stream import stream_backward, stream_forward
 
 def _group(name: str):
     return dist.distributed_c10d._resolve_process_group(name)
+
+
+def gather_shard_lengths(q: Tensor, claimed: list[int], group) -> tuple[int, ...]:
+    """Every rank's shard length, from one all-gather of (1 + P) int64 per rank.
+
+    Each rank sends its own length and the ``shard_lengths`` it was given
+    (``claimed``; empty: none, sent as -1). Every rank then sees every claim,
+    so a wrong one raises ValueError on all ranks alike, before any other
+    collective is issued (no rank is left waiting in one).
+    """
+    world = dist.get_world_size(group)
+    mine = torch.full((1 + world,), -1, dtype=torch.int64)
+    mine[0] = q.shape[2]
+    if claimed:
+        mine[1:] = torch.tensor(claimed, dtype=torch.int64)
+    # On q's device: the group's backend (NCCL) may only move device tensors.
+    mine = mine.to(q.device)
+    table = mine.new_empty(world * (1 + world))
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(table, mine, group=group)
+    table = table.view(world, 1 + world).tolist()
+    lengths = tuple(row[0] for row in table)
+    wrong = [r for r, row in enumerate(table) if row[1] != -1 and tuple(row[1:]) != lengths]
+    if wrong:
+        r = wrong[0]
+        claim = tuple(table[r][1:])
+        i = next(i for i, (a, b) in enumerate(zip(claim, lengths)) if a != b)
+        raise ValueError(
+            f"shard_lengths[{i}] = {claim[i]} on rank {r}, but rank {i}'s q shard has {lengths[i]} positions "
+            f"(all shards: {lengths}); pass every rank's shard length in rank order, or shard_lengths=None "
+            "to have them gathered"
+        )
+    return lengths
 
 
 def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport):
@@ -43,36 +82,45 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 def ring_dilated_fwd(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
     causal: bool, scale: float, shard_lengths: list[int], group_name: str, transport: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Shard of merged dilated attention: out (B, H, L, D), lse (B, H, L) and
-    the flat K/V rows fetched from other ranks (kept for the backward; empty
-    for the streamed "ring" transport, which fetches again)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Shard of merged dilated attention: out (B, H, L, D), lse (B, H, L), the
+    flat K/V rows fetched from other ranks (kept for the backward; empty for
+    the streamed "ring" transport, which fetches again) and every rank's shard
+    length (P,) int64 (CPU), gathered here. ``shard_lengths``: the caller's
+    claim, checked against the gathered lengths; [] for none."""
     group = _group(group_name)
-    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
+    lengths = gather_shard_lengths(q, shard_lengths, group)
+    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, lengths, transport)
     forward = stream_forward if chosen == "ring" else ring_forward
-    return forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
+    out, lse, recv = forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
+    return out, lse, recv, torch.tensor(lengths, dtype=torch.int64)
 
 
 @ring_dilated_fwd.register_fake
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengths, group_name, transport):
+    world = dist.get_world_size(_group(group_name))
     sizes = (*q.shape, *shard_lengths)
-    if all(isinstance(x, int) for x in sizes):
+    if shard_lengths and all(isinstance(x, int) for x in sizes):
         exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
         rank = dist.get_rank(_group(group_name))
         received = 0 if chosen == "ring" else sum(split_sizes(exchange, rank, q.shape[0], q.shape[-1])[1])
-    else:  # symbolic N: the fetched row count is geometry (floor/mod) of N, opaque to the tracer
+    else:  # symbolic N or lengths gathered at run time: the fetched row count is opaque to the tracer
         received = torch.library.get_ctx().new_dynamic_size()
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(received)
+    lengths = torch.empty(world, dtype=torch.int64, device="cpu")
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(received), lengths
 
 
 @torch.library.custom_op("dilcompile::ring_dilated_bwd", mutates_args=())
 def ring_dilated_bwd(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, recv: Tensor,
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, recv: Tensor, lengths: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
     shard_lengths: list[int], group_name: str, transport: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``ring_dilated_fwd``; ``lengths`` is its gathered (P,) shard
+    lengths, so every rank plans (and orders its collectives) as in the forward."""
     group = _group(group_name)
-    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport)
+    shards = tuple(int(x) for x in lengths.tolist())
+    exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shards, transport)
     rank = dist.get_rank(group)
     if chosen == "ring":
         return stream_backward(grad_out, q, k, v, out, lse, exchange, rank, causal, scale, group)
@@ -80,24 +128,24 @@ def ring_dilated_bwd(
 
 
 @ring_dilated_bwd.register_fake
-def _(grad_out, q, k, v, out, lse, recv, *config):
+def _(grad_out, q, k, v, out, lse, recv, lengths, *config):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *config = inputs
-    out, lse, recv = output
-    ctx.save_for_backward(q, k, v, out, lse, recv)
+    out, lse, recv, lengths = output
+    ctx.save_for_backward(q, k, v, out, lse, recv, lengths)
     ctx.config = config
-    ctx.mark_non_differentiable(lse, recv)  # lse is not part of the public result
+    ctx.mark_non_differentiable(lse, recv, lengths)  # lse is not part of the public result
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse, grad_recv):
-    q, k, v, out, lse, recv = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, grad_recv, grad_lengths):
+    q, k, v, out, lse, recv, lengths = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = ring_dilated_bwd(grad_out.contiguous(), q, k, v, out, lse, recv, *ctx.config)
+    dq, dk, dv = ring_dilated_bwd(grad_out.contiguous(), q, k, v, out, lse, recv, lengths, *ctx.config)
     return dq, dk, dv, *([None] * len(ctx.config))
 
 
