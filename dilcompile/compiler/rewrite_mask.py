@@ -8,8 +8,8 @@ Canonical form recognised::
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 q, k, v of one shape (B, H, N, D); ``attn_mask`` a bool (or 0/−inf float)
-tensor broadcastable to (B, H, N, N) — shape (N, N), (H or 1, N, N) or
-(B or 1, H or 1, N, N) — that is known at compile time: a graph constant
+tensor broadcastable to (B, H, N, N) — shape (N, N) or (B or 1, H or 1, N, N)
+— that is known at compile time: a graph constant
 (``get_attr``, e.g. a frozen graph) or computed in-graph from index arithmetic
 only (``arange``/``iota``, comparisons, ``abs``, ``//``, ``%``, ``&``, ``|``,
 ``where``, …). A mask that reads a graph input (a tensor passed in or
@@ -29,9 +29,10 @@ candidate replaces the SDPA only when its dense mask equals the given mask
 **exactly**. A mask with a fully masked row is left alone: SDPA's answer there
 (NaN, or 0 in newer math kernels) is backend-dependent, ours is 0.
 
-Where Inductor has already decomposed the SDPA into bmm/softmax (torch 2.13
-on CPU does so for (H, N, N) and 4-D masks), there is no SDPA node to match and
-the graph stays as written (reported as "no SDPA with a known mask").
+Where Inductor has already decomposed the SDPA into bmm/softmax there is no
+SDPA node to match and the graph stays as written, silently: torch 2.13 on
+CPU does so for a 3-D (H, N, N) mask — write a per-head mask as 4-D
+(``mask[None]``, shape (1, H, N, N)) or a head-independent one as 2-D.
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def _global_local(sym: torch.Tensor) -> list:
     return [global_local(window, g)]
 
 
+def _inside_head0(allowed: torch.Tensor, w: int, r: int) -> bool:
+    """Cheap pre-check on head 0 (offset 0 in every LongNet branch): does the
+    branch (w, r) allow only pairs of ``allowed`` (N, N)?"""
+    idx = torch.arange(allowed.shape[-1])
+    seg, kept = idx // w, (idx % w) % r == 0
+    part = (seg[:, None] == seg[None, :]) & kept[:, None] & kept[None, :]
+    return bool((part <= allowed).all())
+
+
 def _dilated(sym: torch.Tensor) -> list:
     """The union of every single LongNet branch (w, r) inside ``sym``, pruned
     of branches the others cover; [] if that union is not ``sym``."""
@@ -146,20 +156,21 @@ def _dilated(sym: torch.Tensor) -> list:
         if len(widths) * sym.numel() > 64 * MAX_MASK:
             return []
         for w in widths:
-            if r < w <= min(w_max, n):
+            if r < w <= min(w_max, n) and _inside_head0(sym[0], w, r):
                 part = dilated((w,), (r,)).dense_mask(heads, n)
                 if bool((part <= sym).all()):
                     inside.append(((w, r), part))
     if not inside:
         return []
-    union = reduce(operator.or_, (m for _, m in inside))
-    if not torch.equal(union, sym):
+    count = sum(m.to(torch.int32) for _, m in inside)  # how many candidate branches allow each pair
+    if not torch.equal(count > 0, sym):
         return []
-    kept = list(inside)
-    for item in sorted(inside, key=lambda it: it[0]):  # drop branches the rest already cover
-        rest = [it for it in kept if it is not item]
-        if rest and torch.equal(reduce(operator.or_, (m for _, m in rest)), sym):
-            kept = rest
+    kept = []
+    for item in sorted(inside, key=lambda it: it[0]):  # drop a branch when the others still cover its pairs
+        if bool((count[item[1]] >= 2).all()):
+            count -= item[1].to(torch.int32)
+        else:
+            kept.append(item)
     kept.sort(key=lambda it: it[0])
     return [dilated(tuple(w for (w, _), _ in kept), tuple(r for (_, r), _ in kept))]
 
@@ -167,6 +178,17 @@ def _dilated(sym: torch.Tensor) -> list:
 def identify(mask: torch.Tensor) -> tuple[object, bool] | str:
     """The (pattern, causal) whose dense mask equals ``mask`` (H, N, N) bool
     exactly, or the reason none does."""
+    # Hundreds of small bool ops: the intra-op thread pool only adds overhead
+    # (and stalls badly on a busy machine), so match on one thread.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _identify(mask.cpu())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _identify(mask: torch.Tensor) -> tuple[object, bool] | str:
     heads, n, _ = mask.shape
     if bool(mask.all()):
         return "mask allows every pair (dense attention): nothing to rewrite"
