@@ -105,3 +105,31 @@ def test_switch_off_leaves_masked_sdpa_and_changes_the_cache_tag():
     assert not [r for r in report.rewritten if r.get("pass") == "rewrite_block_sparse"]
     assert passes_module._cache_tag() == on_tag
     torch.testing.assert_close(got, window_masked(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_graph_constant_mask_is_rewritten_in_float64():
+    """A mask held by the graph (``get_attr``, as in frozen graphs) is known at compile time."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dilcompile.compiler.rewrite_mask import rewrite_block_sparse
+
+    const = global_local(6, 4).dense_mask(1, 200)[0]
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=const)  # noqa: E731
+    q, k, v = random_qkv(1, 2, 200, 8, dtype=torch.float64)
+    gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(q, k, v)
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    log = rewrite_block_sparse(gm.graph)
+    gm.recompile()
+    assert [r["pattern"] for r in log.rewritten] == ["global_local(window=6, global_tokens=4)"], log.skipped
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.dilcompile.block_sparse_fwd.default in targets
+    assert not any("scaled_dot_product" in str(t) for t in targets)
+    torch.testing.assert_close(gm(q, k, v), fn(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+def test_training_graph_keeps_sdpa_saved_for_backward():
+    q, k, v = random_qkv(1, 2, 128, 8, dtype=torch.float32)
+    q.requires_grad_(True)
+    report = explain(window_masked, q, k, v, fullgraph=True)
+    assert not [r for r in report.rewritten if r.get("pass") == "rewrite_block_sparse"]
+    assert any("auxiliary outputs" in s for s in report.skipped), report.skipped

@@ -31,8 +31,8 @@ _enabled = {name: True for name in PASSES}
 _PKG = Path(__file__).resolve().parent.parent
 # Everything whose change must invalidate a cached compiled graph.
 SOURCES = (
-    "compiler/ops.py", "compiler/passes.py", "compiler/rewrite.py", "compiler/rewrite_mask.py", "compiler/triton_ops.py",
-    "block_sparse/ops.py",
+    "compiler/ops.py", "compiler/passes.py", "compiler/rewrite.py", "compiler/rewrite_mask.py",
+    "compiler/triton_ops.py", "block_sparse/ops.py",
     "dilated/geometry.py", "dilated/impl/sdpa.py", "dilated/impl/triton.py",
     "kernels/attention.py", "kernels/triton_dilated.py",
 )
