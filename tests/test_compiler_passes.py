@@ -125,7 +125,7 @@ def test_explain_reports_rewrite_through_inductor_with_no_breaks():
     assert report.compile_s > 0
     assert [r["mode"] for r in report.rewritten] == ["groups"], report.skipped
     torch.testing.assert_close(got, seed_dilated(q, k, v), rtol=1e-5, atol=1e-5)
-    assert report.to_dict()["passes"] == {"rewrite_dilated": True}
+    assert report.to_dict()["passes"] == {"rewrite_dilated": True, "rewrite_block_sparse": True}
 
 
 def test_cache_tag_changes_with_sources_so_no_stale_graph_is_served(monkeypatch, tmp_path):

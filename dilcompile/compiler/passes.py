@@ -23,13 +23,16 @@ from pathlib import Path
 import torch
 
 from .rewrite import rewrite_dilated
+from .rewrite_mask import rewrite_block_sparse
 
-PASSES = {"rewrite_dilated": rewrite_dilated}  # name → pass(graph); run in this order
+# name → pass(graph); run in this order
+PASSES = {"rewrite_dilated": rewrite_dilated, "rewrite_block_sparse": rewrite_block_sparse}
 _enabled = {name: True for name in PASSES}
 _PKG = Path(__file__).resolve().parent.parent
 # Everything whose change must invalidate a cached compiled graph.
 SOURCES = (
-    "compiler/ops.py", "compiler/passes.py", "compiler/rewrite.py", "compiler/triton_ops.py",
+    "compiler/ops.py", "compiler/passes.py", "compiler/rewrite.py", "compiler/rewrite_mask.py",
+    "compiler/triton_ops.py", "block_sparse/ops.py",
     "dilated/geometry.py", "dilated/impl/sdpa.py", "dilated/impl/triton.py",
     "kernels/attention.py", "kernels/triton_dilated.py",
 )
