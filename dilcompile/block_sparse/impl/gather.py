@@ -24,6 +24,8 @@ aten = torch.ops.aten
 # Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
 MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
 BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
+# Shortest run of banded rows worth its own kernel call (shorter runs stay in the gather chunk).
+MIN_BAND_ROWS = 4
 # Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
 _CHUNK_ELEMENTS = 1 << 24
 
@@ -36,7 +38,8 @@ class GatherPlan:
     block_size: int
     kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
-    chunks: list  # (first query block, end, K): one kernel call each, lists trimmed to K slots
+    chunks: list  # (first query block, end, K, band): one kernel call each, lists trimmed to K slots;
+    # band = o when every row c lists exactly blocks c + o + 0..K−1 (keys are then a strided view), else None
     full: Tensor  # (Hp, Qb, K) bool: listed block whose every pair is allowed (no token mask needed)
     masks: dict  # (chunk start, dtype) → cached additive mask (Hp, chunk, bs, K·bs)
 
@@ -54,7 +57,7 @@ class GatherPlan:
         allowed = self.masks.get((c0, "bool"))
         if allowed is None:
             allowed = self._allowed(c0, c1, k)
-        whole = sum((e - b) * w for b, e, w in self.chunks) * allowed.shape[0] * self.block_size ** 2
+        whole = sum((e - b) * w for b, e, w, _ in self.chunks) * allowed.shape[0] * self.block_size ** 2
         mask = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
         if whole <= MASK_CACHE_ELEMENTS:
             self.masks[(c0, dtype)] = mask
@@ -86,7 +89,7 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     lists = pattern.block_lists(num_heads, n, block_size, device)
     idx = lists.indices.long()
     counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
-    chunks = _chunks(counts, num_heads * block_size * block_size)
+    chunks = _banded(idx, _chunks(counts, num_heads * block_size * block_size))
     # A listed block is full iff it is in the row's (sorted) full list; the last
     # block is never full when N is not a multiple of the block size (its padding keys).
     fidx = lists.full_indices.long()
@@ -112,6 +115,45 @@ def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
         widest, total = wider, total + c
     chunks.append((r0, len(counts), widest))
     return chunks
+
+
+def _banded(idx: Tensor, chunks: list) -> list[tuple[int, int, int, int | None]]:
+    """Split each chunk into runs of rows that list a band — exactly blocks
+    c + o + 0..K−1 for one offset o, same in every head — and the rest. A band
+    needs no gather: its keys are an overlapping strided view of the key blocks
+    (local windows, and the local part of wider patterns away from the ends)."""
+    out = []
+    ar = torch.arange(idx.shape[1], device=idx.device)
+    for c0, c1, kk in chunks:
+        rows = idx[:, c0:c1, :kk]
+        band = (rows == rows[0, :, :1] + torch.arange(kk, device=idx.device)).all(-1).all(0).tolist()
+        keys = [o if ok else None for o, ok in zip((rows[0, :, 0] - ar[c0:c1]).tolist(), band)]
+        r = rest = c0  # rest: first row not yet emitted (it goes to a gather chunk)
+        while r < c1:
+            e = r + 1
+            while e < c1 and keys[e - c0] == keys[r - c0]:
+                e += 1
+            if keys[r - c0] is not None and e - r >= MIN_BAND_ROWS:
+                if rest < r:
+                    out.append((rest, r, kk, None))
+                out.append((r, e, kk, keys[r - c0]))
+                rest = e
+            r = e
+        if rest < c1:
+            out.append((rest, c1, kk, None))
+    return out
+
+
+def _band_view(xb: Tensor, c0: int, c1: int, kk: int, o: int) -> Tensor:
+    """xb (H, nb, bs, D) contiguous → (H, C, K·bs, D) view: row c is blocks
+    c0 + c + o .. + K−1, rows overlapping by stride bs·D (no copy)."""
+    h, nb, bs, d = xb.shape
+    return xb.as_strided((h, c1 - c0, kk * bs, d), (nb * bs * d, bs * d, d, 1),
+                         xb.storage_offset() + (c0 + o) * bs * d)
+
+
+def _keys(xb: Tensor, idx: Tensor, c0: int, c1: int, kk: int, band) -> Tensor:
+    return _gather(xb, idx) if band is None else _band_view(xb, c0, c1, kk, band)
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -161,14 +203,15 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
-    qb, kb, vb = (_blocks(t, bs, nb) for t in (q, k, v))
+    qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
     out = torch.empty(b, h, nb, bs, d, dtype=q.dtype, device=q.device)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
-    for c0, c1, kk in plan.chunks:
+    for c0, c1, kk, band in plan.chunks:
         idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
         for i in range(b):
-            o, l = _kernel_fwd(qb[i, :, c0:c1], _gather(kb[i], idx), _gather(vb[i], idx), mask, scale)
+            o, l = _kernel_fwd(qb[i, :, c0:c1], _keys(kb[i], idx, c0, c1, kk, band),
+                               _keys(vb[i], idx, c0, c1, kk, band), mask, scale)
             out[i, :, c0:c1] = o  # (H, C, bs, D)
             lse[i, :, c0:c1] = l
     return out.flatten(2, 3)[:, :, :n].contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
@@ -178,19 +221,19 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
-    qb, kb, vb, dob, ob = (_blocks(t, bs, nb) for t in (q, k, v, do, out))
+    qb, kb, vb, dob, ob = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v, do, out))
     lb = torch.nn.functional.pad(lse, (0, nb * bs - n)).unflatten(2, (nb, bs))
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     heads = torch.arange(h, device=q.device)[:, None, None]
-    for c0, c1, kk in plan.chunks:
+    for c0, c1, kk, band in plan.chunks:
         idx, mask = plan.kv_indices[:, c0:c1, :kk], plan.token_mask(c0, c1, kk, q.dtype)
         flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
         for i in range(b):
             t = lambda x: x[i, :, c0:c1]  # noqa: E731  (H, C, bs, ·)
-            g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _gather(kb[i], idx), _gather(vb[i], idx), t(ob), t(lb),
-                                        mask, scale)
+            g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _keys(kb[i], idx, c0, c1, kk, band),
+                                        _keys(vb[i], idx, c0, c1, kk, band), t(ob), t(lb), mask, scale)
             dq[i, :, c0:c1] += g_q.to(acc)
             for dst, g in ((dk, g_k), (dv, g_v)):
                 src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
