@@ -165,18 +165,22 @@ def test_flex_cpu_inference_and_inside_compile_with_a_prepared_mask(fresh_dynamo
 
 @pytest.mark.parametrize("n", [1000, 1025])
 @pytest.mark.parametrize("causal", [False, True])
-def test_banded_chunks_use_strided_keys_and_stay_exact(n, causal):
+@pytest.mark.parametrize("name", ["local_window", "global_local"])
+def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     """Rows listing blocks c + o + 0..K−1 run on an overlapping strided view of
-    the key blocks (no gather); the sequence ends and non-contiguous inputs
-    still match masked SDPA, outputs and gradients."""
+    the key blocks (no gather); rows with more blocks (global tokens) add a
+    gathered part merged by log-sum-exp. The sequence ends and non-contiguous
+    inputs still match masked SDPA, outputs and gradients."""
     from dilcompile.block_sparse.impl.gather import make_plan
     from dilcompile.patterns import causal as causal_of
 
-    pattern = local_window(40)
+    pattern = local_window(40) if name == "local_window" else global_local(40, 20)
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
     plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
-    bands = [c for c in plan.chunks if c[3] is not None]
-    assert bands and sum(c1 - c0 for c0, c1, _, _ in bands) >= plan.num_blocks - 4
+    kinds = [tuple(p.band is not None for p in parts) for _, _, parts in plan.chunks]
+    rows = [c1 - c0 for c0, c1, _ in plan.chunks]
+    want = (True,) if name == "local_window" else (True, False)
+    assert sum(r for r, k in zip(rows, kinds) if k == want) >= plan.num_blocks - 4
     q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
                for t in random_qkv(1, 3, n, 8))
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32)
