@@ -33,13 +33,16 @@ _CHUNK_ELEMENTS = 1 << 24
 @dataclass
 class Part:
     """One kernel call of a chunk: the key blocks ``idx`` (Hp, C, K) of its rows.
-    ``band`` = o when row c's blocks are exactly c + o + 0..K−1 (keys are then
+    ``band`` = first block of the chunk's first row when row c's blocks are
+    exactly band + step·c + 0..K−1, step 1 (a sliding band) or 0 (every row the
+    same run: segment patterns) (keys are then
     an overlapping strided view, no gather); ``valid`` marks real slots
     (padding and repeats are masked out); ``full`` marks blocks whose every
     pair is allowed. A part with every slot valid and full runs unmasked."""
 
     idx: Tensor
     band: int | None
+    step: int
     valid: Tensor
     full: Tensor
 
@@ -83,8 +86,9 @@ class GatherPlan:
         allowed = self.masks.get((ci, pi, "bool"))
         if allowed is None:
             allowed = self._allowed(c0, part)
-        mask = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
-        got = (mask, allowed.any(-1))
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        mask = torch.where(allowed, zero, zero - float("inf"))  # one pass over the mask
+        got = (mask, allowed.any(-1) if len(parts) > 1 else None)  # nonempty rows: only merges need them
         whole = self.mask_elements()
         if whole <= MASK_CACHE_ELEMENTS:
             self.masks[(ci, pi, dtype)] = got
@@ -139,27 +143,30 @@ def _parts(idx: Tensor, valid: Tensor, rows: Tensor, is_full) -> list[Part]:
     """Split a chunk's keys into a band — the widest run of offsets o..o+w−1 such
     that every row c lists blocks c + o .. c + o + w − 1 in every head (a strided
     view, no gather) — plus the remaining listed blocks, gathered."""
-    rel = idx - rows[:, None]
-    cand = sorted(set(rel[0, 0][valid[0, 0]].tolist()))
-    present = [d for d in cand if bool(((rel == d) & valid).any(-1).all())]
-    best, run = (0, 0), []
-    for d in present:
-        run = run + [d] if run and d == run[-1] + 1 else [d]
-        if len(run) > best[1]:
-            best = (run[0], len(run))
-    o, w = best
+    best = (0, 0, 1)  # (o, w, step): the widest run, a sliding band preferred on ties
+    for step in (1, 0):
+        rel = idx - step * rows[:, None]
+        cand = sorted(set(rel[0, 0][valid[0, 0]].tolist()))
+        present = [d for d in cand if bool(((rel == d) & valid).any(-1).all())]
+        run = []
+        for d in present:
+            run = run + [d] if run and d == run[-1] + 1 else [d]
+            if len(run) > best[1]:
+                best = (run[0], len(run), step)
+    o, w, step = best
     if w < 2:
-        return [Part(idx, None, valid, is_full(rows, idx))]
-    band = (rows[None, :, None] + o + torch.arange(w, device=idx.device)).expand(idx.shape[0], -1, -1)
+        return [Part(idx, None, 1, valid, is_full(rows, idx))]
+    rel = idx - step * rows[:, None]
+    band = (step * rows[None, :, None] + o + torch.arange(w, device=idx.device)).expand(idx.shape[0], -1, -1)
     # One band part, masked where its blocks are partial: splitting off the full
     # columns (an unmasked call) gains less than the extra merge costs on CPU.
-    parts = [Part(band, o, torch.ones_like(band, dtype=torch.bool), is_full(rows, band))]
+    parts = [Part(band, int(band[0, 0, 0]), step, torch.ones_like(band, dtype=torch.bool), is_full(rows, band))]
     rest = valid & ((rel < o) | (rel >= o + w))
     k_rest = int(rest.sum(-1).max())
     if k_rest:
         order = torch.sort((~rest).to(torch.int8), dim=-1, stable=True).indices[..., :k_rest]
         r_idx, r_valid = idx.gather(-1, order), rest.gather(-1, order)
-        parts.append(Part(r_idx, None, r_valid, is_full(rows, r_idx)))
+        parts.append(Part(r_idx, None, 1, r_valid, is_full(rows, r_idx)))
     return parts
 
 
@@ -207,18 +214,17 @@ def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
     return chunks
 
 
-def _band_view(xb: Tensor, c0: int, c1: int, kk: int, o: int) -> Tensor:
+def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
     """xb (H, nb, bs, D) contiguous → (H, C, K·bs, D) view: row c is blocks
-    c0 + c + o .. + K−1, rows overlapping by stride bs·D (no copy)."""
+    start + step·c .. + K−1, rows overlapping (row stride step·bs·D; no copy)."""
     h, nb, bs, d = xb.shape
-    return xb.as_strided((h, c1 - c0, kk * bs, d), (nb * bs * d, bs * d, d, 1),
-                         xb.storage_offset() + (c0 + o) * bs * d)
+    return xb.as_strided((h, rows, kk * bs, d), (nb * bs * d, step * bs * d, d, 1), xb.storage_offset() + start * bs * d)
 
 
 def _keys(xb: Tensor, c0: int, c1: int, part: Part) -> Tensor:
     if part.band is None:
         return _gather(xb, part.idx)
-    return _band_view(xb, c0, c1, part.idx.shape[-1], part.band)
+    return _band_view(xb, c1 - c0, part.idx.shape[-1], part.band, part.step)
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
