@@ -191,3 +191,31 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
     for name_, g, w in zip("qkv", got, want):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch):
+    """Chunks whose rows all list the same run of blocks (a dilated segment)
+    read keys through a stride-0 view; small chunks force such runs at small N."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import gather
+    from dilcompile.patterns import causal as causal_of
+
+    monkeypatch.setattr(gather, "_CHUNK_ELEMENTS", 1 << 16)
+    cache.clear()
+    pattern = dilated((128, 256), (1, 2))
+    n = 1000
+    plan = gather.make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32,
+                            torch.device("cpu"))
+    steps = {p.step for _, _, parts in plan.chunks for p in parts if p.band is not None}
+    assert steps == ({1} if causal else {0})  # causal prefixes tie: the sliding band is preferred
+    q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
+    cache.clear()
+    ref = _sdpa_masked(q, k, v, pattern, causal)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    for name_, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
