@@ -4,7 +4,10 @@ pattern lists, gathered into one dense batch.
 For a chunk of query blocks the listed key blocks are gathered into
 ``(chunk, H, K·bs, D)`` and one fused-kernel call does the chunk, with an
 additive mask (0 / −inf) for the token-level pattern, the sequence end and
-list padding. On CPU that kernel is ATen's flash attention (mask + log-sum-exp
+list padding. Where the chunk's rows share a run of blocks that slides with the
+row (local windows) or stays put (segments), that run is an overlapping
+strided view of the key blocks — no copy — and only the remaining blocks are
+gathered, in a second call merged by log-sum-exp. On CPU that kernel is ATen's flash attention (mask + log-sum-exp
 + backward); elsewhere an explicit-softmax kernel. The backward re-gathers,
 calls the kernel backward with the saved (out, lse) and scatter-adds dk, dv
 back to their blocks. Pure tensor code, so it also runs under autograd
