@@ -161,3 +161,61 @@ def test_flex_cpu_inference_and_inside_compile_with_a_prepared_mask(fresh_dynamo
         torch.testing.assert_close(compiled(q, k, v).double(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="inference-only"):
         block_sparse_attention(q.requires_grad_(), k, v, pattern, impl="flex")
+
+
+@pytest.mark.parametrize("n", [1000, 1025])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["local_window", "global_local"])
+def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
+    """Rows listing blocks c + o + 0..K−1 run on an overlapping strided view of
+    the key blocks (no gather); rows with more blocks (global tokens) add a
+    gathered part merged by log-sum-exp. The sequence ends and non-contiguous
+    inputs still match masked SDPA, outputs and gradients."""
+    from dilcompile.block_sparse.impl.gather import make_plan
+    from dilcompile.patterns import causal as causal_of
+
+    pattern = local_window(40) if name == "local_window" else global_local(40, 20)
+    bound = (causal_of(pattern) if causal else pattern).with_heads(3)
+    plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
+    kinds = [tuple(p.band is not None for p in parts) for _, _, parts in plan.chunks]
+    rows = [c1 - c0 for c0, c1, _ in plan.chunks]
+    want = (True,) if name == "local_window" else (True, False)
+    assert sum(r for r, k in zip(rows, kinds) if k == want) >= plan.num_blocks - 4
+    q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+               for t in random_qkv(1, 3, n, 8))
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32)
+    ref = _sdpa_masked(q, k, v, pattern, causal)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    for name_, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch):
+    """Chunks whose rows all list the same run of blocks (a dilated segment)
+    read keys through a stride-0 view; small chunks force such runs at small N."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import gather
+    from dilcompile.patterns import causal as causal_of
+
+    monkeypatch.setattr(gather, "_CHUNK_ELEMENTS", 1 << 16)
+    cache.clear()
+    pattern = dilated((128, 256), (1, 2))
+    n = 1000
+    plan = gather.make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32,
+                            torch.device("cpu"))
+    steps = {p.step for _, _, parts in plan.chunks for p in parts if p.band is not None}
+    assert steps == ({1} if causal else {0})  # causal prefixes tie: the sliding band is preferred
+    q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
+    cache.clear()
+    ref = _sdpa_masked(q, k, v, pattern, causal)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    for name_, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
