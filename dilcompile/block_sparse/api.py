@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..checks import check_qkv
 from ..patterns import Pattern, from_spec
 from ..patterns import causal as causal_of
 from . import cache
@@ -15,27 +16,6 @@ from .config import IMPLS
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
 from .impl.reference import masked_attention_reference
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_qkv(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}; "
-                             "for (B, N, H, D) inputs use x.transpose(1, 2)")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; use one of {_DTYPES}")
-    for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
-                             "block-sparse attention needs q, k, v of one shape (B, H, N, D)")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast them to one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
 
 
 def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: bool | None = None) -> str:
@@ -84,7 +64,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     Returns:
         (B, H, N, D) in q.dtype.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, "block-sparse attention")
     if isinstance(pattern, str):
         pattern = from_spec(pattern)
     if not isinstance(pattern, Pattern):

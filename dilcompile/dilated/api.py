@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .. import compiler  # noqa: F401  (registers torch.ops.dilcompile)
+from ..checks import check_qkv
 from ..kernels import backend_for
 from .config import IMPLS, check_branches
 from .geometry import plan_parts
@@ -15,27 +16,6 @@ from .impl.reference import dilated_reference
 
 if compiler.HAS_TRITON:
     from .impl.triton import check_triton_input
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_qkv(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}; "
-                             "for (B, N, H, D) inputs use x.transpose(1, 2)")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; use one of {_DTYPES}")
-    for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
-                             "dilated attention needs q, k, v of one shape (B, H, N, D)")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast them to one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
 
 
 def _check_key_padding_mask(mask, q: Tensor) -> None:
@@ -106,7 +86,7 @@ def dilated_attention(
         out (B, H, N, D) in q.dtype, or (out, lse) if return_lse. Rows no
         branch covers are 0.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, "dilated attention")
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")

@@ -8,7 +8,7 @@ from numbers import Integral
 import torch.distributed as dist
 from torch import Tensor
 
-from ..dilated.api import _check_qkv
+from ..checks import check_qkv
 from ..dilated.config import check_branches
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
 from .plan import TRANSPORTS
@@ -81,7 +81,7 @@ def ring_dilated_attention(
     Returns:
         out (B, H, L_p, D) in q.dtype.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, "ring dilated attention")
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
