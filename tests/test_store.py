@@ -155,3 +155,22 @@ def test_telemetry_rows_with_different_readings_keep_them_all(tmp_path):
     w.close()
     assert store.query(db, "SELECT t_s, power_w, cpu_util_pct FROM telemetry ORDER BY t_s")[1] == [
         (0.0, 200.0, None), (0.02, 210.0, 55.0)]
+
+
+def test_v1_file_gains_ring_columns_in_place(tmp_path):
+    db = tmp_path / "v1.duckdb"
+    with contextlib.closing(duckdb.connect(str(db))) as con:  # a file as schema version 1 wrote it
+        assert schema.migrate(con, target=1) == 1
+        con.execute("INSERT INTO sweeps (sweep_id, hostname) VALUES ('s1', 'h')")
+        con.execute("INSERT INTO measurements (run_id, sweep_id, seq_len, status) VALUES ('r1', 's1', 128, 'ok')")
+        assert "world_size" not in schema.columns(con, "runs")
+    with contextlib.closing(store.connect(db)) as con:
+        assert schema.file_version(con) == 2
+        assert {"world_size", "comm_bytes"} <= set(schema.columns(con, "runs"))
+        assert con.execute("SELECT run_id, seq_len, hostname, world_size, comm_bytes FROM runs").fetchall() == [
+            ("r1", 128, "h", None, None)]
+    w = store.RunWriter(db, {"sweep_id": "s2"})
+    w.write(_row("r2", sweep_id="s2", world_size=4, comm_bytes=2**33))  # BIGINT: > 4 GiB fits
+    w.close()
+    assert store.query(db, "SELECT run_id, world_size, comm_bytes FROM runs ORDER BY run_id")[1] == [
+        ("r1", None, None), ("r2", 4, 2**33)]

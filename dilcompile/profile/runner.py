@@ -30,8 +30,12 @@ from .telemetry import Sampler
 from .variants import Built, build, config_json
 
 
-def _now() -> _dt.datetime:
+def utc_now() -> _dt.datetime:
+    """Naive UTC now: the store's TIMESTAMP columns are UTC."""
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+_now = utc_now
 
 
 def _one_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ always exposes every column of both tables.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # DuckDB storage format written for new files: readable by the DuckDB ≥ 1.1 CLI.
 STORAGE_COMPATIBILITY = "v1.1.0"
@@ -113,6 +113,9 @@ _META = "CREATE TABLE IF NOT EXISTS schema_meta (key VARCHAR PRIMARY KEY, value 
 # version -> statements that upgrade version-1 to version. Append, never edit.
 MIGRATIONS: dict[int, list[str]] = {
     1: [_SWEEPS, _MEASUREMENTS, _TELEMETRY],
+    # Sequence-parallel runs: ranks in the group, bytes received per step by the busiest rank.
+    2: ["ALTER TABLE measurements ADD COLUMN IF NOT EXISTS world_size INTEGER",
+        "ALTER TABLE measurements ADD COLUMN IF NOT EXISTS comm_bytes BIGINT"],
 }
 
 RUNS_VIEW = """
