@@ -23,7 +23,15 @@ rank holds at once (``all_to_all`` keeps all of it for the backward; ``ring``
 streams two sources at a time and fetches again in the backward, so it moves
 more); ``allgather_kv_bytes`` is what gathering the whole K/V (a dense ring;
 and reduce-scattering dK/dV for fwd_bwd) would move.
-Rank 0 prints a table, then one JSON line with the rows (run-store column names).
+Rank 0 prints a table, then one JSON line with the rows (run-store column names),
+and writes one sweep (sweep_kind 'bench', sweep_name 'bench_ring') and one
+``measurements`` row per point to the run store (``--db``, default
+``runs/dilcompile.duckdb``; ``--no-db`` to skip): ``world_size`` and
+``comm_bytes`` are columns, the other ring numbers (held / all-gather bytes,
+per-branch bytes, backend, local_seq_len) go into the row's ``config`` JSON.
+``--quick``: two small shard lengths and a small head shape (a smoke run).
+
+    torchrun --nproc_per_node=2 scripts/bench_ring.py --quick --db /tmp/ring.duckdb
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import socket
 import statistics
+import sys
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -43,6 +52,15 @@ import torch.distributed as dist
 from dilcompile.dilated.geometry import plan_parts
 from dilcompile.distributed import plan_exchange, ring_dilated_attention
 from dilcompile.distributed.plan import split_sizes
+from dilcompile.profile import Point
+from dilcompile.profile import env as _env
+from dilcompile.profile.runner import point_columns, utc_now
+from dilcompile.store import DEFAULT_DB, RunWriter, StoreError
+
+# Row keys that are not ``measurements`` columns: they go into the row's ``config`` JSON.
+CONFIG_EXTRAS = ("local_seq_len", "comm_bytes_all_ranks", "comm_bytes_fwd_by_branch", "held_kv_bytes",
+                 "allgather_kv_bytes", "backend")
+QUICK = dict(local_lens=[64, 128], heads=2, head_dim=16, iters=2, warmup=1)
 
 
 def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -107,6 +125,41 @@ def timed(fn, iters: int, warmup: int, device) -> list[float]:
     return worst.tolist()
 
 
+def store_row(row: dict, *, sweep_id: str, started, device: torch.device, warmup: int, repeats: int) -> dict:
+    """A bench row as a ``measurements`` row: the profiler's point columns, ids,
+    timings, world_size/comm_bytes; ring extras folded into ``config``."""
+    point = Point(row["variant"], row["seq_len"], row["batch"], row["heads"], row["head_dim"], row["dtype"],
+                  row["causal"], row["pass"], device=str(device))
+    config = {**json.loads(row["config"]), **{k: row[k] for k in CONFIG_EXTRAS}}
+    return {**point_columns(point, row["device"]), "run_id": uuid.uuid4().hex, "sweep_id": sweep_id,
+            "started_at": started, "impl": row["impl"], "mode": row["mode"], "config": json.dumps(config),
+            "warmup": warmup, "repeats": repeats,
+            **{k: row[k] for k in ("latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms", "tokens_per_s",
+                                   "world_size", "comm_bytes", "status")}}
+
+
+def open_writer(args, world: int, backend: str, device: torch.device) -> RunWriter | None:
+    """Rank 0's store writer (None with --no-db); every rank learns whether it opened,
+    so a bad --db stops all ranks before any measuring instead of leaving them waiting."""
+    writer, error = None, None
+    if dist.get_rank() == 0 and args.db:
+        try:
+            writer = RunWriter(args.db, {"sweep_id": uuid.uuid4().hex, "sweep_started_at": utc_now(),
+                                         "sweep_kind": "bench", "sweep_name": "bench_ring", "tag": args.tag,
+                                         "spec": json.dumps({**vars(args), "world_size": world, "backend": backend}),
+                                         **_env.capture(device)})
+        except StoreError as exc:
+            error = str(exc)
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        if dist.get_rank() == 0:
+            print(f"error: {box[0]}", file=sys.stderr)
+        dist.destroy_process_group()
+        raise SystemExit(2)
+    return writer
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--local-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shard lengths L")
@@ -119,7 +172,15 @@ def main() -> None:
     p.add_argument("--transports", nargs="+", default=["all_to_all", "ring"], choices=["all_to_all", "ring"])
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="two small shard lengths, H=2, D=16: a smoke run")
+    p.add_argument("--db", default=DEFAULT_DB, help="run store to write (rank 0); default %(default)s")
+    p.add_argument("--no-db", dest="db", action="store_const", const=None, help="write no store rows")
+    p.add_argument("--tag", default=None)
     args = p.parse_args()
+    if args.quick:
+        for key, value in QUICK.items():  # an explicit flag still wins
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend)
@@ -127,10 +188,10 @@ def main() -> None:
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         device = torch.device("cuda", torch.cuda.current_device())
-        device_name = torch.cuda.get_device_name(device)
     else:
         device = torch.device("cpu")
-        device_name = platform.processor() or platform.machine()
+    device_name = _env.device_name(device)
+    writer = open_writer(args, world, backend, device)
     dtype = getattr(torch, args.dtype)
     b, h, d = args.batch, args.heads, args.head_dim
     rows = []
@@ -155,6 +216,7 @@ def main() -> None:
             gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
             held = held_bytes(*geometry)
             for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, step_b)):
+                started = utc_now()
                 t = timed(fn, args.iters, args.warmup, device)
                 q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
                 median = statistics.median(t)
@@ -163,7 +225,7 @@ def main() -> None:
                     "pass": pass_, "device": device_name, "device_kind": device.type, "dtype": args.dtype,
                     "batch": b, "seq_len": n, "heads": h, "head_dim": d, "causal": args.causal,
                     "config": json.dumps({"segment_lengths": list(segments), "dilation_rates": list(rates)}),
-                    "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80,
+                    "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80, "latency_min_ms": min(t),
                     "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
                     "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
                     "comm_bytes_fwd_by_branch": by_branch, "held_kv_bytes": held,
@@ -171,6 +233,13 @@ def main() -> None:
                     "backend": backend, "status": "ok", "torch_version": torch.__version__,
                     "hostname": socket.gethostname(),
                 })
+                if writer is not None:  # committed as soon as measured
+                    row = store_row(rows[-1], sweep_id=writer.sweep["sweep_id"], started=started, device=device,
+                                    warmup=args.warmup, repeats=args.iters)
+                    if not writer.write(row):
+                        print(f"warning: {args.db} is locked by a reader; {len(writer.pending)} row(s) kept in "
+                              "memory, retrying after the next point", file=sys.stderr)
+                    rows[-1]["run_id"] = row["run_id"]
     if rank == 0:
         head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
                 f"{'comm KiB':>9} {'held KiB':>9} {'all-gather KiB':>14}  fwd KiB by branch (w/r)")
@@ -183,6 +252,9 @@ def main() -> None:
                   + " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
                       r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
         print(json.dumps(rows))
+    if writer is not None:
+        writer.close()
+        print(f"{writer.written} rows written to {args.db}", file=sys.stderr)
     dist.destroy_process_group()
 
 
