@@ -33,6 +33,17 @@ def _sdpa_masked(q, k, v, pattern, causal):
     return torch.where(mask.any(-1, keepdim=True), out, 0.0)
 
 
+def _assert_matches_with_grads(out, ref, q, k, v):
+    """Output and dq, dk, dv equal the float64 reference (no NaN)."""
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    for name, g, w in zip("qkv", got, want):
+        assert not g.isnan().any()
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
 @pytest.mark.parametrize("n", [100, 128, 1000])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", list(PATTERNS))
@@ -41,13 +52,7 @@ def test_gather_matches_masked_sdpa_float64_with_gradients(name, causal, n):
     q, k, v = random_qkv(2 if n < 500 else 1, 3, n, 8, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=16 if n < 500 else 64)
     ref = _sdpa_masked(q, k, v, pattern, causal)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
-    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
-    for name_, g, w in zip("qkv", got, want):
-        assert not g.isnan().any()
-        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+    _assert_matches_with_grads(out, ref, q, k, v)
 
 
 def test_rows_with_no_key_output_zero_and_finite_gradients():
@@ -185,12 +190,7 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
                for t in random_qkv(1, 3, n, 8))
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32)
     ref = _sdpa_masked(q, k, v, pattern, causal)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
-    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
-    for name_, g, w in zip("qkv", got, want):
-        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+    _assert_matches_with_grads(out, ref, q, k, v)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -213,9 +213,4 @@ def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
     cache.clear()
     ref = _sdpa_masked(q, k, v, pattern, causal)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
-    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
-    for name_, g, w in zip("qkv", got, want):
-        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name_}")
+    _assert_matches_with_grads(out, ref, q, k, v)
