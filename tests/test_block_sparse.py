@@ -168,6 +168,17 @@ def test_flex_cpu_inference_and_inside_compile_with_a_prepared_mask(fresh_dynamo
         block_sparse_attention(q.requires_grad_(), k, v, pattern, impl="flex")
 
 
+def test_flex_cpu_counts_full_blocks_once():
+    """A pattern with full blocks (band interior) and partial ones (edges, the
+    global rows): FlexAttention gets full blocks only in its full lists."""
+    pattern = global_local(40, 8)
+    q, k, v = random_qkv(1, 2, 200, 16, dtype=torch.float32)
+    want = _sdpa_masked(q.double(), k.double(), v.double(), pattern, False)
+    with torch.no_grad():
+        got = block_sparse_attention(q, k, v, pattern, impl="flex", block_size=32)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [1000, 1025])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["local_window", "global_local"])

@@ -1,6 +1,8 @@
 """Patterns: analytic block lists against the block mask derived from the
 dense mask, exact nnz, spec round-trip, Hilbert permutation, bad input."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -65,14 +67,23 @@ def test_analytic_block_lists_match_dense_mask(pattern, any_exact, full_exact, n
     assert pattern.density(n, heads) == pytest.approx(mask.float().mean().item())
 
 
-def test_block_mask_is_a_flex_block_mask_equal_to_create_block_mask():
+@pytest.mark.parametrize("pat", [dilated((32, 64), (1, 2)), local_window(40)], ids=repr)
+def test_block_mask_is_a_flex_block_mask_equal_to_create_block_mask(pat):
+    """Same partial and full block sets as FlexAttention's own builder: a block
+    listed in both would be computed twice by the kernel."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    pat = dilated((32, 64), (1, 2))
     ours = pat.block_mask(1, 4, 256, 32, causal=True)
     bound = causal(pat).with_heads(4)
     theirs = create_block_mask(lambda b, h, q, kv: bound.mask_mod(b, h, q, kv), 1, 4, 256, 256, device="cpu", BLOCK_SIZE=32)
     assert torch.equal(ours.to_dense(), theirs.to_dense())
+    for kind in ("kv", "full_kv", "q", "full_q"):
+        got_num, want_num = getattr(ours, f"{kind}_num_blocks"), getattr(theirs, f"{kind}_num_blocks")
+        assert torch.equal(got_num, want_num), kind
+        got_idx, want_idx = getattr(ours, f"{kind}_indices"), getattr(theirs, f"{kind}_indices")
+        for row in itertools.product(*map(range, got_num.shape)):
+            m = int(got_num[row])
+            assert sorted(got_idx[row][:m].tolist()) == sorted(want_idx[row][:m].tolist()), (kind, row)
 
 
 def test_hilbert_is_raster_attention_up_to_the_permutation():
@@ -120,7 +131,7 @@ def test_bad_specs_raise_naming_the_problem(spec, err):
 def test_large_block_mask_builds_without_n_squared_memory():
     n = 1 << 18  # 262,144 tokens: a dense bool mask would be 64 GiB
     bm = local_window(256).block_mask(1, 1, n, 128)
-    assert int(bm.kv_num_blocks.max()) == 5 and bm.kv_indices.numel() * 4 <= 64 << 20
+    assert int((bm.kv_num_blocks + bm.full_kv_num_blocks).max()) == 5 and bm.kv_indices.numel() * 4 <= 64 << 20
 
 
 def test_pattern_pictures_figure_and_png(tmp_path):

@@ -35,8 +35,8 @@ class BlockLists(NamedTuple):
     ``kv``, key blocks for the transpose). Heads dim is 1 when the pattern
     does not depend on the head."""
 
-    num: Tensor  # (Hp, R) int32: blocks listed per row
-    indices: Tensor  # (Hp, R, K) int32: listed block ids first, in increasing order; padding repeats the last
+    num: Tensor  # (Hp, R) int32: blocks listed per row (with ``partial_only``: listed and not full)
+    indices: Tensor  # (Hp, R, K) int32: those block ids first, in increasing order; padding repeats the last
     full_num: Tensor  # (Hp, R) int32: of which every pair is allowed
     full_indices: Tensor  # (Hp, R, Kf) int32
 
@@ -100,9 +100,11 @@ class Pattern:
 
     # -- derived views --------------------------------------------------------------------
     def block_lists(self, num_heads: int, n: int, block_size: int = 128, device=None,
-                    transpose: bool = False) -> BlockLists:
-        """Analytic block lists (see :class:`BlockLists`) for sequence length ``n``."""
-        return build_block_lists(self, num_heads, n, block_size, device, transpose)
+                    transpose: bool = False, partial_only: bool = False) -> BlockLists:
+        """Analytic block lists (see :class:`BlockLists`) for sequence length ``n``.
+        ``partial_only``: ``num``/``indices`` leave out the full blocks
+        (FlexAttention's layout: a block in both lists would be computed twice)."""
+        return build_block_lists(self, num_heads, n, block_size, device, transpose, partial_only)
 
     def block_mask(self, B: int, H: int, N: int, block_size: int = 128, device=None, *,
                    causal: bool = False, compute_q_blocks: bool = True):
@@ -112,8 +114,8 @@ class Pattern:
         from torch.nn.attention.flex_attention import BlockMask
 
         pattern = (causal_of(self) if causal else self).with_heads(H)
-        kv = pattern.block_lists(H, N, block_size, device)
-        q = pattern.block_lists(H, N, block_size, device, transpose=True) if compute_q_blocks else None
+        kv = pattern.block_lists(H, N, block_size, device, partial_only=True)
+        q = pattern.block_lists(H, N, block_size, device, transpose=True, partial_only=True) if compute_q_blocks else None
 
         nb = math.ceil(N / block_size)
         # FlexAttention's own helpers (to_dense, _transpose_ordered) expect index
@@ -229,7 +231,7 @@ def _row_chunks(pattern, nb, bs, n, hp, transpose, device):
 
 
 def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int, device=None,
-                      transpose: bool = False) -> BlockLists:
+                      transpose: bool = False, partial_only: bool = False) -> BlockLists:
     if n < 1 or block_size < 1:
         raise ValueError(f"need n ≥ 1 and block_size ≥ 1, got n={n}, block_size={block_size}")
     pattern = pattern.with_heads(num_heads)
@@ -251,7 +253,7 @@ def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int,
         shape = (hp, *cols.shape)
         anyb = (anyb & valid).expand(shape)
         full = (full & anyb).expand(shape)
-        num, idx = _compact(anyb, cols)
+        num, idx = _compact(anyb & ~full if partial_only else anyb, cols)
         fnum, fidx = _compact(full, cols)
         for key, val in zip(out, (num, idx, fnum, fidx)):
             out[key].append(val)
