@@ -1,17 +1,19 @@
 """Block-gather backend: every query block attends the key blocks its
-pattern lists, gathered into one dense batch.
+pattern lists, in a few large fused-kernel calls.
 
-For a chunk of query blocks the listed key blocks are gathered into
-``(chunk, H, K·bs, D)`` and one fused-kernel call does the chunk, with an
-additive mask (0 / −inf) for the token-level pattern, the sequence end and
-list padding. Where the chunk's rows share a run of blocks that slides with the
-row (local windows) or stays put (segments), that run is an overlapping
-strided view of the key blocks — no copy — and only the remaining blocks are
-gathered, in a second call merged by log-sum-exp. On CPU that kernel is ATen's flash attention (mask + log-sum-exp
-+ backward); elsewhere an explicit-softmax kernel. The backward re-gathers,
-calls the kernel backward with the saved (out, lse) and scatter-adds dk, dv
-back to their blocks. Pure tensor code, so it also runs under autograd
-directly (``gather_attention_autograd``, used by the data-dependent pattern).
+The plan turns the block lists into calls. Rows (query blocks) whose lists
+share a run of blocks that slides with the row (local windows) or stays put
+(segments) read that run through an overlapping strided view of the key
+blocks — no copy. Every other listed block is gathered (``index_select``)
+into ``(H, C, K·bs, D)``; those rows are grouped by how many blocks they list,
+so a call has no padding slots and, where its blocks are full, no mask
+(random blocks). A row that appears in two calls (band + leftover blocks)
+has the second merged into the first by log-sum-exp. On CPU the kernel is
+ATen's flash attention (mask + log-sum-exp + backward); elsewhere an
+explicit-softmax kernel. The backward runs the kernel backward per call with
+the joint (out, lse) and scatter-adds dq, dk, dv. Pure tensor code, so it
+also runs under autograd directly (``gather_attention_autograd``, used by the
+data-dependent pattern).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import Tensor
 
 aten = torch.ops.aten
 
-# Mask elements kept resident per plan; larger plans rebuild the mask per chunk per call.
+# Mask elements kept resident per plan; larger plans rebuild the mask per call.
 MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
 BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
 # Shortest run of banded rows worth its own kernel call (shorter runs stay in the gather chunk).
@@ -34,15 +36,20 @@ _CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass
-class Part:
-    """One kernel call of a chunk: the key blocks ``idx`` (Hp, C, K) of its rows.
-    ``band`` = first block of the chunk's first row when row c's blocks are
-    exactly band + step·c + 0..K−1, step 1 (a sliding band) or 0 (every row the
-    same run: segment patterns) (keys are then
-    an overlapping strided view, no gather); ``valid`` marks real slots
+class Call:
+    """One kernel call: query blocks ``rows`` (C,) attend key blocks ``idx``
+    (Hp, C, K). ``r0``: the rows are r0 .. r0 + C − 1 (plain slices) — else
+    they are picked with index_select. ``band`` = first key block of the first
+    row when row c's blocks are exactly band + step·c + 0..K−1, step 1 (a
+    sliding band) or 0 (every row the same run: segment patterns) (keys are
+    then an overlapping strided view, no gather); ``valid`` marks real slots
     (padding and repeats are masked out); ``full`` marks blocks whose every
-    pair is allowed. A part with every slot valid and full runs unmasked."""
+    pair is allowed. A call with every slot valid and full runs unmasked.
+    ``merge``: its rows may already hold a result (merge by log-sum-exp)."""
 
+    rows: Tensor
+    r0: int | None
+    merge: bool
     idx: Tensor
     band: int | None
     step: int
@@ -62,54 +69,55 @@ class GatherPlan:
     block_size: int
     kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
-    chunks: list  # (first query block, end, [Part]): a chunk's parts split its keys (merged by log-sum-exp)
-    masks: dict  # (chunk, part, dtype) → cached additive mask (Hp, C, bs, K·bs) and nonempty rows
+    calls: list  # [Call], in order: a merging call follows the calls that wrote its rows
+    masks: dict  # (call, dtype) → cached (additive mask (Hp, C, bs, K·bs), nonempty rows (Hp, C, bs))
 
     @property
     def num_blocks(self) -> int:
         return self.kv_indices.shape[1]
 
-    def mask_elements(self) -> int:
-        return sum((e - b) * p.idx.shape[0] * p.idx.shape[2] for b, e, parts in self.chunks for p in parts
-                   if p.masked) * self.block_size ** 2
+    @property
+    def merges(self) -> bool:
+        return any(c.merge for c in self.calls)
 
-    def token_mask(self, ci: int, pi: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
-        """Additive mask (Hp, C, bs, K·bs) of part ``pi`` of chunk ``ci``: 0 where
-        allowed, −inf elsewhere (broadcasts over heads when Hp = 1), None for an
-        unmasked part; and the rows with any allowed key (Hp, C, bs) (None: all).
+    def mask_elements(self) -> int:
+        return sum(c.idx.numel() for c in self.calls if c.masked) * self.block_size ** 2
+
+    def token_mask(self, ci: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """Additive mask (Hp, C, bs, K·bs) of call ``ci``: 0 where allowed, −inf
+        elsewhere (broadcasts over heads when Hp = 1), None for an unmasked
+        call; and the rows with any allowed key (Hp, C, bs) (None: all).
         Cached as floats when the plan's whole mask is small, as bools (4×
         smaller, one cheap conversion per call) when it is moderate; rebuilt
         per call beyond that."""
-        c0, _, parts = self.chunks[ci]
-        part = parts[pi]
-        if not part.masked:
+        call = self.calls[ci]
+        if not call.masked:
             return None, None
-        if (ci, pi, dtype) in self.masks:
-            return self.masks[(ci, pi, dtype)]
-        allowed = self.masks.get((ci, pi, "bool"))
+        if (ci, dtype) in self.masks:
+            return self.masks[(ci, dtype)]
+        allowed = self.masks.get((ci, "bool"))
         if allowed is None:
-            allowed = self._allowed(c0, part)
+            allowed = self._allowed(call)
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        mask = torch.where(allowed, zero, zero - float("inf"))  # one pass over the mask
-        got = (mask, allowed.any(-1) if len(parts) > 1 else None)  # nonempty rows: only merges need them
+        got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
         whole = self.mask_elements()
         if whole <= MASK_CACHE_ELEMENTS:
-            self.masks[(ci, pi, dtype)] = got
+            self.masks[(ci, dtype)] = got
         elif whole <= BOOL_MASK_CACHE_ELEMENTS:
-            self.masks[(ci, pi, "bool")] = allowed
+            self.masks[(ci, "bool")] = allowed
         return got
 
-    def _allowed(self, c0: int, part: Part) -> Tensor:
+    def _allowed(self, call: Call) -> Tensor:
         """(Hp, C, bs, K·bs) bool. Full blocks are True and invalid slots False
         without evaluating anything; ``mask_mod`` runs on partial blocks only."""
-        bs, idx = self.block_size, part.idx
+        bs, idx = self.block_size, call.idx
         dev = idx.device
         hp, c, k = idx.shape
-        allowed = part.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
-        hh, cc, ss = (part.valid & ~part.full).nonzero(as_tuple=True)
+        allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
+        hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
         if hh.numel():
             off = torch.arange(bs, device=dev)
-            q_idx = ((c0 + cc) * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+            q_idx = (call.rows[cc] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
             kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
             ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), hh[:, None, None], q_idx, kv_idx)
             allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
@@ -122,6 +130,7 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
     fidx, fnum = lists.full_indices.long(), lists.full_num.long()
     nb = idx.shape[1]
+    per_slot = num_heads * block_size * block_size
 
     def is_full(rows: Tensor, blocks: Tensor) -> Tensor:
         """rows (C,), blocks (Hp, C, K) → (Hp, C, K): block in the row's (sorted) full
@@ -131,21 +140,29 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         hit = (f.gather(-1, pos) == blocks) & (pos < fn[..., None])
         return hit & ~((blocks == nb - 1) & (n % block_size != 0))
 
-    chunks = []
-    for c0, c1, kk in _banded(idx, _chunks(counts, num_heads * block_size * block_size)):
+    calls, left = [], []  # left: (rows, idx, valid) of the blocks no band covers
+    for c0, c1, kk in _banded(idx, _chunks(counts, per_slot)):
         rows = torch.arange(c0, c1, device=idx.device)
         sub = idx[:, c0:c1, :kk]
         # Padding slots repeat the last listed block: only its first occurrence counts.
         valid = torch.ones_like(sub, dtype=torch.bool)
         valid[..., 1:] = sub[..., 1:] != sub[..., :-1]
-        chunks.append((c0, c1, _parts(sub, valid, rows, is_full)))
-    return GatherPlan(n, block_size, idx, pattern, chunks, {})
+        band, rest, rest_valid = _split_band(sub, valid, rows)
+        if band is not None:
+            start, step, band_idx = band
+            calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
+                              is_full(rows, band_idx)))
+        if rest is not None:
+            left.append((rows, rest, rest_valid))
+    calls += _grouped(left, per_slot, bool(calls), is_full)
+    return GatherPlan(n, block_size, idx, pattern, calls, {})
 
 
-def _parts(idx: Tensor, valid: Tensor, rows: Tensor, is_full) -> list[Part]:
+def _split_band(idx: Tensor, valid: Tensor, rows: Tensor):
     """Split a chunk's keys into a band — the widest run of offsets o..o+w−1 such
-    that every row c lists blocks c + o .. c + o + w − 1 in every head (a strided
-    view, no gather) — plus the remaining listed blocks, gathered."""
+    that every row c lists blocks step·c + o .. + w − 1 in every head (a strided
+    view, no gather) — and the remaining listed blocks, left-aligned.
+    Returns ((first block, step, band idx (Hp, C, w)) or None, rest idx or None, rest valid)."""
     best = (0, 0, 1)  # (o, w, step): the widest run, a sliding band preferred on ties
     for step in (1, 0):
         rel = idx - step * rows[:, None]
@@ -158,19 +175,47 @@ def _parts(idx: Tensor, valid: Tensor, rows: Tensor, is_full) -> list[Part]:
                 best = (run[0], len(run), step)
     o, w, step = best
     if w < 2:
-        return [Part(idx, None, 1, valid, is_full(rows, idx))]
+        return None, idx, valid
     rel = idx - step * rows[:, None]
     band = (step * rows[None, :, None] + o + torch.arange(w, device=idx.device)).expand(idx.shape[0], -1, -1)
-    # One band part, masked where its blocks are partial: splitting off the full
+    # One band call, masked where its blocks are partial: splitting off the full
     # columns (an unmasked call) gains less than the extra merge costs on CPU.
-    parts = [Part(band, int(band[0, 0, 0]), step, torch.ones_like(band, dtype=torch.bool), is_full(rows, band))]
     rest = valid & ((rel < o) | (rel >= o + w))
     k_rest = int(rest.sum(-1).max())
-    if k_rest:
-        order = torch.sort((~rest).to(torch.int8), dim=-1, stable=True).indices[..., :k_rest]
-        r_idx, r_valid = idx.gather(-1, order), rest.gather(-1, order)
-        parts.append(Part(r_idx, None, 1, r_valid, is_full(rows, r_idx)))
-    return parts
+    if not k_rest:
+        return (int(band[0, 0, 0]), step, band), None, None
+    order = torch.sort((~rest).to(torch.int8), dim=-1, stable=True).indices[..., :k_rest]
+    return (int(band[0, 0, 0]), step, band), idx.gather(-1, order), rest.gather(-1, order)
+
+
+def _grouped(left: list, per_slot: int, merge: bool, is_full) -> list[Call]:
+    """Calls for the blocks outside bands: rows sorted by how many blocks they
+    list (widest head) and cut where that count changes, so a call pads no
+    slots and runs unmasked when its blocks are full. ``left``: (rows (C,),
+    idx (Hp, C, K), valid) with valid slots first."""
+    if not left:
+        return []
+    width = max(i.shape[-1] for _, i, _ in left)
+    rows = torch.cat([r for r, _, _ in left])
+    idx = torch.cat([torch.cat([i, i[..., -1:].expand(*i.shape[:-1], width - i.shape[-1])], -1) for _, i, _ in left], 1)
+    valid = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[-1])) for _, _, m in left], 1)
+    count = valid.sum(-1).amax(0)
+    order = torch.sort(count, stable=True).indices
+    rows, idx, valid, count = rows[order], idx[:, order], valid[:, order], count[order].tolist()
+    calls, start = [], 0
+    while start < len(count):
+        c, end = count[start], start + 1
+        while end < len(count) and count[end] == c and (end + 1 - start) * c * per_slot <= _CHUNK_ELEMENTS:
+            end += 1
+        if c:
+            r = rows[start:end]
+            r0 = int(r[0])
+            contiguous = bool((r == torch.arange(r0, r0 + r.numel(), device=r.device)).all())
+            sub = idx[:, start:end, :c]
+            calls.append(Call(r, r0 if contiguous else None, merge, sub, None, 1, valid[:, start:end, :c],
+                              is_full(r, sub)))
+        start = end
+    return calls
 
 
 def _banded(idx: Tensor, chunks: list) -> list[tuple[int, int, int]]:
@@ -224,10 +269,28 @@ def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
     return xb.as_strided((h, rows, kk * bs, d), (nb * bs * d, step * bs * d, d, 1), xb.storage_offset() + start * bs * d)
 
 
-def _keys(xb: Tensor, c0: int, c1: int, part: Part) -> Tensor:
-    if part.band is None:
-        return _gather(xb, part.idx)
-    return _band_view(xb, c1 - c0, part.idx.shape[-1], part.band, part.step)
+def _keys(xb: Tensor, call: Call) -> Tensor:
+    if call.band is None:
+        return _gather(xb, call.idx)
+    return _band_view(xb, call.idx.shape[1], call.idx.shape[-1], call.band, call.step)
+
+
+def _rows(x: Tensor, call: Call) -> Tensor:
+    """x (H, Qb, ...) → the call's rows (H, C, ...): a slice, or a copy."""
+    if call.r0 is not None:
+        return x[:, call.r0:call.r0 + call.rows.numel()]
+    return x.index_select(1, call.rows)
+
+
+def _put(x: Tensor, call: Call, value: Tensor, add: bool = False) -> None:
+    """Write (or add) value (H, C, ...) into the call's rows of x (H, Qb, ...)."""
+    if call.r0 is not None:
+        dst = x[:, call.r0:call.r0 + call.rows.numel()]
+        dst.add_(value) if add else dst.copy_(value)
+    elif add:
+        x.index_add_(1, call.rows, value)
+    else:
+        x.index_copy_(1, call.rows, value)
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -238,14 +301,16 @@ def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
 
 
 def _gather(xb: Tensor, idx: Tensor) -> Tensor:
-    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D). The kernel sees H
-    as its batch and the C query blocks as its heads, so q, the output and the
-    mask are plain slices — no transposes."""
-    h = xb.shape[0]
+    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D) (index_select: a plain
+    copy loop, several times faster than advanced indexing on CPU). The kernel
+    sees H as its batch and the C query blocks as its heads, so q, the output
+    and the mask are plain slices — no transposes."""
+    h, nb, bs, d = xb.shape
+    _, c, k = idx.shape
     if idx.shape[0] == 1:
-        return xb[:, idx[0]].flatten(2, 3)  # (H, C, K, bs, D) → (H, C, K·bs, D)
-    heads = torch.arange(h, device=xb.device)[:, None, None]
-    return xb[heads, idx].flatten(2, 3)
+        return xb.index_select(1, idx[0].flatten()).view(h, c, k * bs, d)
+    flat = (torch.arange(h, device=xb.device)[:, None] * nb + idx.flatten(1)).flatten()
+    return xb.reshape(h * nb, bs, d).index_select(0, flat).view(h, c, k * bs, d)
 
 
 def _kernel_fwd(q, k, v, mask, scale):
@@ -277,18 +342,16 @@ def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
     return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
 
 
-def _merge(outs: list, lses: list, nonempty: list, acc: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Joint softmax from per-part results: out = Σ exp(lse_i − LSE)·o_i with
-    LSE = log Σ exp(lse_i) over the parts where the row has a key; a row with
-    no key anywhere gets out 0, lse 0 (as the kernel)."""
-    lse = torch.stack([l if ne is None else l.masked_fill(~ne, float("-inf")) for l, ne in zip(lses, nonempty)])
-    top = lse.amax(0)
+def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> tuple[Tensor, Tensor]:
+    """Joint softmax of two disjoint key sets from their (out, lse); lse −inf
+    marks a row with no key there. A row with none in either stays (0, −inf)."""
+    top = torch.maximum(lse, lse_old)
     top = torch.where(top.isfinite(), top, torch.zeros_like(top))
-    w = (lse - top).exp()  # (P, H, C, bs)
-    total = w.sum(0)
-    w = w / torch.where(total > 0, total, torch.ones_like(total))
-    out = sum(wi[..., None] * o.to(acc) for wi, o in zip(w, outs))
-    return out, torch.where(total > 0, top + total.log(), torch.zeros_like(total))
+    w, w_old = (lse - top).exp(), (lse_old - top).exp()
+    total = w + w_old
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    out = (o.to(o_old.dtype) * w[..., None] + o_old * w_old[..., None]) / safe[..., None]
+    return out, torch.where(total > 0, top + safe.log(), lse_old)
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
@@ -296,27 +359,27 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
-    out = torch.empty(b, h, nb, bs, d, dtype=q.dtype, device=q.device)
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = torch.empty(b, h, nb, bs, dtype=lse_dtype, device=q.device)
-    for ci, (c0, c1, parts) in enumerate(plan.chunks):
-        masks = [plan.token_mask(ci, pi, q.dtype) for pi in range(len(parts))]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.zeros(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
+    lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
+    for ci, call in enumerate(plan.calls):
+        mask, nonempty = plan.token_mask(ci, q.dtype)
         for i in range(b):
-            res = [_kernel_fwd(qb[i, :, c0:c1], _keys(kb[i], c0, c1, p), _keys(vb[i], c0, c1, p), m, scale)
-                   for p, (m, _) in zip(parts, masks)]
-            if len(res) == 1:
-                o, l = res[0]
-            else:
-                o, l = _merge([r[0] for r in res], [r[1] for r in res], [ne for _, ne in masks], lse_dtype)
-            out[i, :, c0:c1] = o  # (H, C, bs, D)
-            lse[i, :, c0:c1] = l
-    return out.flatten(2, 3)[:, :, :n].contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
+            o, l = _kernel_fwd(_rows(qb[i], call), _keys(kb[i], call), _keys(vb[i], call), mask, scale)
+            if nonempty is not None:
+                l = l.masked_fill(~nonempty, float("-inf"))
+            if call.merge:
+                o, l = _merge_into(o, l, _rows(out[i], call), _rows(lse[i], call))
+            _put(out[i], call, o)
+            _put(lse[i], call, l)
+    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
+    return out.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
 
 def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Per part, the kernel backward with the joint (out, lse): exact joint-softmax
-    gradients (each part's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones)."""
+    """Per call, the kernel backward with the joint (out, lse): exact joint-softmax
+    gradients (each call's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones)."""
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb, dob, ob = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v, do, out))
@@ -325,19 +388,17 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     heads = torch.arange(h, device=q.device)[:, None, None]
-    for ci, (c0, c1, parts) in enumerate(plan.chunks):
-        for pi, part in enumerate(parts):
-            mask, _ = plan.token_mask(ci, pi, q.dtype)
-            idx = part.idx
-            flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
-            for i in range(b):
-                t = lambda x: x[i, :, c0:c1]  # noqa: E731  (H, C, bs, ·)
-                g_q, g_k, g_v = _kernel_bwd(t(dob), t(qb), _keys(kb[i], c0, c1, part), _keys(vb[i], c0, c1, part),
-                                            t(ob), t(lb), mask, scale)
-                dq[i, :, c0:c1] += g_q.to(acc)
-                for dst, g in ((dk, g_k), (dv, g_v)):
-                    src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
-                    dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
+    for ci, call in enumerate(plan.calls):
+        mask, _ = plan.token_mask(ci, q.dtype)
+        idx = call.idx
+        flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
+        for i in range(b):
+            g_q, g_k, g_v = _kernel_bwd(_rows(dob[i], call), _rows(qb[i], call), _keys(kb[i], call),
+                                        _keys(vb[i], call), _rows(ob[i], call), _rows(lb[i], call), mask, scale)
+            _put(dq[i], call, g_q.to(acc), add=True)
+            for dst, g in ((dk, g_k), (dv, g_v)):
+                src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
+                dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
