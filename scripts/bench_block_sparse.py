@@ -3,12 +3,14 @@ density and η against dense SDPA measured in the same run; then the analytic
 block-mask build time and memory at N = 1,048,576.
 
 η = useful FLOP/s ÷ dense SDPA FLOP/s, useful FLOPs = 4·B·D·nnz (nnz: allowed
-(head, query, key) triples; dense: H·N², causal H·N(N+1)/2).
+(head, query, key) triples; dense: H·N², causal H·N(N+1)/2). The latency
+points run through the profiler (``block-sparse:<spec>`` variants and the
+``sdpa`` baseline): every point is a row of the run store (sweep_kind 'bench').
 
     PYTHONPATH=. python scripts/bench_block_sparse.py                   # N=16384, B=1, H=8, D=64
-    PYTHONPATH=. python scripts/bench_block_sparse.py --n 2048 --mask-n 65536 --reps 2   # smoke
+    PYTHONPATH=. python scripts/bench_block_sparse.py --n 2048 --mask-n 65536 --repeats 2   # smoke
 
-Prints a table, then one JSON line.
+Prints two tables, then one JSON line.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile import block_sparse_attention
-from dilcompile.block_sparse import choose_impl
-from dilcompile.patterns import causal as causal_of
-from dilcompile.patterns import from_spec
+from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.patterns import from_spec  # noqa: E402
+from dilcompile.profile import from_dict, run_sweep  # noqa: E402
+from dilcompile.profile.env import resolve_device  # noqa: E402
+from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
 
 DEFAULT_SPECS = [
     "local_window(window=256)",
@@ -36,24 +39,6 @@ DEFAULT_SPECS = [
     "hilbert(height=128,width=128,radius=4)",
     "union(local_window(window=256),random_blocks(density=0.05,block_size=128))",
 ]
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_ms(fn, device, warmup: int, reps: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def _spec_for_n(spec: str, n: int) -> str:
@@ -83,6 +68,30 @@ def mask_build(spec: str, n: int, block_size: int, heads: int) -> dict:
             "peak_rss_growth_bytes": rss_growth}
 
 
+def sweep_doc(specs: list[str], args) -> dict:
+    defaults = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype,
+                "pass": args.pass_, "causal": args.causal, "seq_len": args.n}
+    return {"name": "bench_block_sparse", "warmup": args.warmup, "repeats": args.repeats,
+            "max_time_s": args.max_time, "defaults": defaults,
+            "grid": [{"variant": ["sdpa"] + [f"block-sparse:{s}" for s in specs]}]}
+
+
+def summarise(rows: list[dict], specs: list[str], args) -> tuple[list[str], list[list]]:
+    from dilcompile.patterns import causal as causal_of
+
+    by = {r["variant"]: r for r in rows}
+    table = []
+    for spec in specs:
+        r = by.get(f"block-sparse:{spec}", {})
+        pattern = from_spec(spec)
+        nnz = pattern.nnz(args.heads, args.n, args.causal)
+        lists = (causal_of(pattern) if args.causal else pattern).with_heads(args.heads).block_lists(args.heads, args.n)
+        table.append([spec, r.get("impl"), r.get("latency_ms"), nnz / (args.heads * args.n * args.n),
+                      float(lists.num.double().mean()) / lists.num.shape[1], r.get("useful_tflops"),
+                      r.get("efficiency"), r.get("status"), r.get("run_id")])
+    return ["pattern", "impl", "ms", "density", "block density", "TFLOP/s", "η", "status", "run_id"], table
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=16384)
@@ -90,74 +99,45 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--impl", default="auto", help="gather, flex or auto")
-    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "fwd_bwd"])
     p.add_argument("--causal", action="store_true")
     p.add_argument("--patterns", nargs="*", default=DEFAULT_SPECS, help="pattern specs")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per point, at most")
+    p.add_argument("--max-time", type=float, default=20.0, help="seconds of timed work per point, at most")
     p.add_argument("--mask-n", type=int, default=1 << 20, help="N of the mask-build measurement (0: skip)")
+    p.add_argument("--db", default=DEFAULT_DB)
     args = p.parse_args(argv)
 
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    b, h, n, d = args.batch, args.heads, args.n, args.head_dim
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(b, h, n, d, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    device = str(resolve_device(args.device))
+    args.dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    specs = [_spec_for_n(s, args.n) for s in args.patterns]
+    spec = from_dict(sweep_doc(specs, args), device)
+    print(f"block-sparse vs dense SDPA on {device}: B={args.batch} H={args.heads} N={args.n} D={args.head_dim} "
+          f"{args.dtype} {args.pass_}{' causal' if args.causal else ''}; {len(spec.points)} points → {args.db}",
+          file=sys.stderr)
+    try:
+        rows = run_sweep(spec, args.db, kind="bench")
+    except StoreError as exc:
+        print(f"bench_block_sparse: error: {exc}", file=sys.stderr)
+        return 1
+    dense = next((r for r in rows if r["variant"] == "sdpa"), {})
+    names, table = summarise(rows, specs, args)
+    print(f"dense SDPA {dense.get('latency_ms') or float('nan'):.1f} ms = "
+          f"{dense.get('useful_tflops') or float('nan'):.3f} TFLOP/s")
+    print(render(names[:-1], [t[:-1] for t in table]))
 
-    rows = []
-    with torch.no_grad():
-        dense_ms = statistics.median(time_ms(
-            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal),
-            device, args.warmup, args.reps))
-        dense_nnz = h * (n * (n + 1) // 2 if args.causal else n * n)
-        dense_flops = 4 * b * d * dense_nnz / (dense_ms * 1e-3)
-        for spec in args.patterns:
-            spec_n = _spec_for_n(spec, n)
-            pattern = from_spec(spec_n)
-            impl = choose_impl(q, pattern, args.impl, needs_grad=False)
-            nnz = pattern.nnz(h, n, args.causal, args.block_size)
-
-            def fn():
-                return block_sparse_attention(q, k, v, pattern, causal=args.causal, impl=impl,
-                                              block_size=args.block_size)
-
-            t0 = time.perf_counter()
-            fn()  # the first call builds and caches the plan (and compiles, for flex)
-            _sync(device)
-            first_ms = (time.perf_counter() - t0) * 1e3
-            times = time_ms(fn, device, args.warmup, args.reps)
-            ms = statistics.median(times)
-            useful = 4 * b * d * nnz / (ms * 1e-3)
-            lists = (causal_of(pattern) if args.causal else pattern).with_heads(h).block_lists(h, n, args.block_size)
-            rows.append({
-                "pattern": spec_n, "impl": impl, "latency_ms": ms, "latency_min_ms": min(times),
-                "first_call_ms": first_ms, "density": nnz / (h * n * n),
-                "block_density": float(lists.num.double().mean()) / lists.num.shape[1],
-                "nnz": nnz, "useful_tflops": useful / 1e12, "efficiency": useful / dense_flops,
-            })
-
-    builds = [mask_build(spec, args.mask_n, args.block_size, h) for spec in args.patterns] if args.mask_n else []
-
-    print(f"block-sparse attention, {device} {dtype}, B={b} H={h} N={n} D={d} causal={args.causal}; "
-          f"dense SDPA {dense_ms:.1f} ms = {dense_flops / 1e12:.3f} TFLOP/s")
-    print(f"{'pattern':<66} {'impl':<7} {'ms':>9} {'density':>8} {'blk dens':>8} {'TFLOP/s':>8} {'η':>6}")
-    for r in rows:
-        print(f"{r['pattern'][:66]:<66} {r['impl']:<7} {r['latency_ms']:9.1f} {r['density']:8.4f} "
-              f"{r['block_density']:8.4f} {r['useful_tflops']:8.3f} {r['efficiency']:6.2f}")
+    builds = [mask_build(s, args.mask_n, 128, args.heads) for s in args.patterns] if args.mask_n else []
     if builds:
-        print(f"\nanalytic BlockMask build at N={args.mask_n} (block {args.block_size}, H={h}):")
-        print(f"{'pattern':<66} {'s':>7} {'mask MB':>8} {'peak RSS +MB':>12}")
-        for r in builds:
-            print(f"{r['pattern'][:66]:<66} {r['build_s']:7.2f} {r['block_mask_bytes'] / 2**20:8.1f} "
-                  f"{r['peak_rss_growth_bytes'] / 2**20:12.1f}")
-    print(json.dumps({
-        "bench": "block_sparse", "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-        "batch": b, "heads": h, "seq_len": n, "head_dim": d, "causal": args.causal, "block_size": args.block_size,
-        "torch_version": torch.__version__, "dense_sdpa_ms": dense_ms, "dense_tflops": dense_flops / 1e12,
-        "patterns": rows, "mask_build": builds,
-    }))
+        print(f"\nanalytic BlockMask build at N={args.mask_n} (block 128, H={args.heads}, both orientations):")
+        print(render(["pattern", "s", "mask MB", "peak RSS +MB"],
+                     [[b["pattern"], b["build_s"], b["block_mask_bytes"] / 2**20, b["peak_rss_growth_bytes"] / 2**20]
+                      for b in builds]))
+    print(json.dumps({"bench": "block_sparse", "device": device, "dtype": args.dtype, "batch": args.batch,
+                      "heads": args.heads, "seq_len": args.n, "head_dim": args.head_dim, "causal": args.causal,
+                      "pass": args.pass_, "dense_ms": dense.get("latency_ms"),
+                      "patterns": [dict(zip(names, t)) for t in table], "mask_build": builds}, default=str))
     return 0
 
 
