@@ -205,6 +205,36 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["hierarchical", "dilated", "global_local"])
+def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeypatch):
+    """Blocks few of whose keys the row attends (strided levels, the other half
+    of a dilated segment, a short global prefix) leave the band and are
+    gathered token by token — per head where the pattern depends on it — and
+    merged into the band rows; exact, outputs and gradients."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import gather
+    from dilcompile.patterns import causal as causal_of
+
+    if name == "dilated":  # chunks inside one segment at this small N (as at N = 16384 with 128-token blocks)
+        monkeypatch.setattr(gather, "_CHUNK_ELEMENTS", 1 << 16)
+    pattern = {"hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))), "dilated": dilated((128, 256), (1, 2)),
+               "global_local": global_local(40, 10)}[name]
+    n, heads = 1000, 3
+    plan = gather.make_plan((causal_of(pattern) if causal else pattern).with_heads(heads), heads, n, 32,
+                            torch.device("cpu"))
+    tokens = [c for c in plan.calls if c.tokens]
+    assert tokens and any(c.band is not None for c in plan.calls)
+    assert max(c.idx.shape[-1] for c in tokens) < 32 * plan.kv_indices.shape[-1]  # fewer keys than whole blocks
+    if name == "dilated":
+        assert all(c.idx.shape[0] == heads for c in tokens)  # head-dependent offsets: keys per head
+    cache.clear()
+    q, k, v = random_qkv(2, heads, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
+    cache.clear()
+    _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch):
     """Chunks whose rows all list the same run of blocks (a dilated segment)
     read keys through a stride-0 view; small chunks force such runs at small N."""

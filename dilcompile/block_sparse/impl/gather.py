@@ -33,6 +33,10 @@ BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
 MIN_BAND_ROWS = 4
 # Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
 _CHUNK_ELEMENTS = 1 << 24
+# Leftover keys are gathered token by token, not block by block, when that drops
+# at least this fraction of the gathered keys (keys no query of the row attends:
+# strided levels, global prefixes, 2-D neighbourhoods).
+TOKEN_SAVING = 0.25
 
 
 @dataclass
@@ -45,7 +49,8 @@ class Call:
     then an overlapping strided view, no gather); ``valid`` marks real slots
     (padding and repeats are masked out); ``full`` marks blocks whose every
     pair is allowed. A call with every slot valid and full runs unmasked.
-    ``merge``: its rows may already hold a result (merge by log-sum-exp)."""
+    ``merge``: its rows may already hold a result (merge by log-sum-exp).
+    ``tokens``: ``idx`` lists key tokens, not blocks (always masked)."""
 
     rows: Tensor
     r0: int | None
@@ -55,10 +60,11 @@ class Call:
     step: int
     valid: Tensor
     full: Tensor
+    tokens: bool = False
 
     @property
     def masked(self) -> bool:
-        return not bool((self.valid & self.full).all())
+        return self.tokens or not bool((self.valid & self.full).all())
 
 
 @dataclass
@@ -81,7 +87,8 @@ class GatherPlan:
         return any(c.merge for c in self.calls)
 
     def mask_elements(self) -> int:
-        return sum(c.idx.numel() for c in self.calls if c.masked) * self.block_size ** 2
+        bs = self.block_size
+        return sum(c.idx.numel() * bs * (1 if c.tokens else bs) for c in self.calls if c.masked)
 
     def token_mask(self, ci: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
         """Additive mask (Hp, C, bs, K·bs) of call ``ci``: 0 where allowed, −inf
@@ -112,6 +119,12 @@ class GatherPlan:
         without evaluating anything; ``mask_mod`` runs on partial blocks only."""
         bs, idx = self.block_size, call.idx
         dev = idx.device
+        zero = torch.zeros((), dtype=torch.long, device=dev)
+        if call.tokens:
+            q_idx = (call.rows * bs)[:, None, None] + torch.arange(bs, device=dev)[:, None]  # (C, bs, 1)
+            h = torch.arange(idx.shape[0], device=dev)[:, None, None, None]
+            kv_idx = idx[:, :, None, :]  # (Hp, C, 1, L)
+            return self.pattern.mask_mod(zero, h, q_idx, kv_idx) & call.valid[:, :, None, :] & (kv_idx < self.n)
         hp, c, k = idx.shape
         allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
         hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
@@ -119,7 +132,7 @@ class GatherPlan:
             off = torch.arange(bs, device=dev)
             q_idx = (call.rows[cc] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
             kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
-            ok = self.pattern.mask_mod(torch.zeros((), dtype=torch.long, device=dev), hh[:, None, None], q_idx, kv_idx)
+            ok = self.pattern.mask_mod(zero, hh[:, None, None], q_idx, kv_idx)
             allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
         return allowed.flatten(3, 4)
 
@@ -140,34 +153,76 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         hit = (f.gather(-1, pos) == blocks) & (pos < fn[..., None])
         return hit & ~((blocks == nb - 1) & (n % block_size != 0))
 
+    valid_all = torch.ones_like(idx, dtype=torch.bool)
+    valid_all[..., 1:] = idx[..., 1:] != idx[..., :-1]  # padding repeats the last listed block
+    # A band takes only blocks most of whose keys the row attends; sparser
+    # blocks (strided levels, dilated halves, short global prefixes) are
+    # gathered token by token below.
+    dense = _dense_blocks(pattern, n, block_size, idx, valid_all, is_full)
     calls, left = [], []  # left: (rows, idx, valid) of the blocks no band covers
-    for c0, c1, kk in _banded(idx, _chunks(counts, per_slot)):
+    for c0, c1, kk in _banded(_band_keys(idx, dense), _chunks(counts, per_slot)):
         rows = torch.arange(c0, c1, device=idx.device)
-        sub = idx[:, c0:c1, :kk]
-        # Padding slots repeat the last listed block: only its first occurrence counts.
-        valid = torch.ones_like(sub, dtype=torch.bool)
-        valid[..., 1:] = sub[..., 1:] != sub[..., :-1]
-        band, rest, rest_valid = _split_band(sub, valid, rows)
+        sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
+        band, rest, rest_valid = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
         if band is not None:
             start, step, band_idx = band
             calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
                               is_full(rows, band_idx)))
         if rest is not None:
             left.append((rows, rest, rest_valid))
-    calls += _grouped(left, per_slot, bool(calls), is_full)
+    if left:
+        rows, rest, rest_valid = _stack(left)
+        need = _column_need(pattern, n, block_size, rows, rest, rest_valid, is_full(rows, rest) & rest_valid)
+        tok, tok_valid = _key_tokens(need, rest)
+        if tok_valid.sum() <= (1 - TOKEN_SAVING) * rest_valid.sum() * block_size:
+            calls += _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)
+        else:
+            calls += _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
     return GatherPlan(n, block_size, idx, pattern, calls, {})
 
 
-def _split_band(idx: Tensor, valid: Tensor, rows: Tensor):
+def _dense_blocks(pattern, n: int, bs: int, idx: Tensor, valid: Tensor, is_full) -> Tensor:
+    """(Hp, Qb, K) bool: listed block whose keys the row's queries attend more
+    than half of (of the block's tokens below N). Rows in pieces (memory)."""
+    dense = torch.zeros_like(valid)
+    step = max(1, _CHUNK_ELEMENTS // (idx.shape[0] * idx.shape[2] * bs))
+    for r0 in range(0, idx.shape[1], step):
+        rows = torch.arange(r0, min(r0 + step, idx.shape[1]), device=idx.device)
+        sub, ok = idx[:, rows], valid[:, rows]
+        need = _column_need(pattern, n, bs, rows, sub, ok, is_full(rows, sub) & ok)
+        tokens = (n - sub * bs).clamp(max=bs)  # the last block may be short
+        dense[:, rows] = ok & (2 * need.sum(-1) > tokens)
+    return dense
+
+
+def _band_keys(idx: Tensor, dense: Tensor) -> list:
+    """Per row c (head 0): (o, w) of its widest run of dense blocks c + o ..
+    c + o + w − 1, or None when no run reaches two blocks. Rows sharing a key
+    can share one band call (``_split_band`` checks every head)."""
+    blocks, d = idx[0], dense[0]
+    cont = torch.zeros_like(d)
+    cont[:, 1:] = (blocks[:, 1:] == blocks[:, :-1] + 1) & d[:, 1:] & d[:, :-1]
+    cur = d[:, 0].long()
+    best, end = cur.clone(), torch.zeros_like(cur)
+    for s in range(1, d.shape[1]):
+        cur = torch.where(cont[:, s], cur + 1, d[:, s].long())
+        better = cur > best
+        best, end = torch.where(better, cur, best), torch.where(better, s, end)
+    start = blocks.gather(1, (end - best + 1).clamp(min=0)[:, None])[:, 0] - torch.arange(len(blocks), device=idx.device)
+    return [(o, w) if w >= 2 else None for o, w in zip(start.tolist(), best.tolist())]
+
+
+def _split_band(idx: Tensor, valid: Tensor, dense: Tensor, rows: Tensor):
     """Split a chunk's keys into a band — the widest run of offsets o..o+w−1 such
-    that every row c lists blocks step·c + o .. + w − 1 in every head (a strided
-    view, no gather) — and the remaining listed blocks, left-aligned.
+    that every row c lists blocks step·c + o .. + w − 1 in every head, all
+    ``dense`` (a strided view, no gather) — and the remaining listed blocks,
+    left-aligned.
     Returns ((first block, step, band idx (Hp, C, w)) or None, rest idx or None, rest valid)."""
     best = (0, 0, 1)  # (o, w, step): the widest run, a sliding band preferred on ties
     for step in (1, 0):
         rel = idx - step * rows[:, None]
         cand = sorted(set(rel[0, 0][valid[0, 0]].tolist()))
-        present = [d for d in cand if bool(((rel == d) & valid).any(-1).all())]
+        present = [d for d in cand if bool(((rel == d) & dense).any(-1).all())]
         run = []
         for d in present:
             run = run + [d] if run and d == run[-1] + 1 else [d]
@@ -188,52 +243,92 @@ def _split_band(idx: Tensor, valid: Tensor, rows: Tensor):
     return (int(band[0, 0, 0]), step, band), idx.gather(-1, order), rest.gather(-1, order)
 
 
-def _grouped(left: list, per_slot: int, merge: bool, is_full) -> list[Call]:
-    """Calls for the blocks outside bands: rows sorted by how many blocks they
-    list (widest head) and cut where that count changes, so a call pads no
-    slots and runs unmasked when its blocks are full. ``left``: (rows (C,),
-    idx (Hp, C, K), valid) with valid slots first."""
-    if not left:
-        return []
+def _stack(left: list) -> tuple[Tensor, Tensor, Tensor]:
+    """[(rows (C,), idx (Hp, C, K), valid)] → one (rows, idx, valid), padded to the widest K."""
     width = max(i.shape[-1] for _, i, _ in left)
     rows = torch.cat([r for r, _, _ in left])
     idx = torch.cat([torch.cat([i, i[..., -1:].expand(*i.shape[:-1], width - i.shape[-1])], -1) for _, i, _ in left], 1)
     valid = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[-1])) for _, _, m in left], 1)
+    return rows, idx, valid
+
+
+def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor) -> Tensor:
+    """(Hp, R, K, bs) bool: key token j of listed block idx[h, r, s] is attended by
+    some query of row block rows[r]. Full blocks count whole; ``mask_mod`` runs
+    on partial blocks only, in pieces."""
+    hp, r, k = idx.shape
+    dev = idx.device
+    off = torch.arange(bs, device=dev)
+    need = valid[..., None].expand(hp, r, k, bs).clone()
+    hh, rr, ss = (valid & ~full).nonzero(as_tuple=True)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    step = max(1, _CHUNK_ELEMENTS // (bs * bs))
+    for p0 in range(0, hh.numel(), step):
+        h, rw, sl = hh[p0:p0 + step], rr[p0:p0 + step], ss[p0:p0 + step]
+        q_idx = (rows[rw] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+        kv_idx = (idx[h, rw, sl] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
+        ok = pattern.mask_mod(zero, h[:, None, None], q_idx, kv_idx) & (q_idx < n)
+        need[h, rw, sl] = ok.any(1) & (kv_idx[:, 0] < n)
+    return need
+
+
+def _key_tokens(need: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The needed key tokens (see _column_need) per (head, row): (Hp, R, L)
+    ascending (padding repeats the last) and valid (Hp, R, L)."""
+    bs = need.shape[-1]
+    need = need.flatten(2)
+    tokens = (idx[..., None] * bs + torch.arange(bs, device=idx.device)).flatten(2)
+    width = max(1, int(need.sum(-1).max()))
+    order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices[..., :width]
+    tok, tok_valid = tokens.gather(-1, order), need.gather(-1, order)
+    last = tok.gather(-1, (tok_valid.sum(-1, keepdim=True) - 1).clamp(min=0))
+    return torch.where(tok_valid, tok, last), tok_valid
+
+
+def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: bool, is_full) -> list[Call]:
+    """Calls for the keys outside bands: rows sorted by how many slots (blocks,
+    or tokens when ``is_full`` is None) they list, widest head, and cut where
+    that count changes — blocks: exactly, so a call pads no slots and runs
+    unmasked when its blocks are full; tokens (masked anyway): when padding
+    would pass an eighth of the call. ``valid`` slots come first in ``idx``."""
     count = valid.sum(-1).amax(0)
     order = torch.sort(count, stable=True).indices
     rows, idx, valid, count = rows[order], idx[:, order], valid[:, order], count[order].tolist()
+    tolerance = 0.0 if is_full is not None else 0.125
     calls, start = [], 0
     while start < len(count):
-        c, end = count[start], start + 1
-        while end < len(count) and count[end] == c and (end + 1 - start) * c * per_slot <= _CHUNK_ELEMENTS:
-            end += 1
-        if c:
+        end, total = start + 1, count[start]
+        while end < len(count):
+            c = count[end]
+            if (end + 1 - start) * c * per_slot > _CHUNK_ELEMENTS or (end + 1 - start) * c > (1 + tolerance) * (total + c):
+                break
+            end, total = end + 1, total + c
+        width = count[end - 1]
+        if width:
             r = rows[start:end]
             r0 = int(r[0])
             contiguous = bool((r == torch.arange(r0, r0 + r.numel(), device=r.device)).all())
-            sub = idx[:, start:end, :c]
-            calls.append(Call(r, r0 if contiguous else None, merge, sub, None, 1, valid[:, start:end, :c],
-                              is_full(r, sub)))
+            sub, sub_valid = idx[:, start:end, :width], valid[:, start:end, :width]
+            full = is_full(r, sub) if is_full is not None else torch.zeros_like(sub_valid)
+            calls.append(Call(r, r0 if contiguous else None, merge, sub, None, 1, sub_valid, full,
+                              tokens=is_full is None))
         start = end
     return calls
 
 
-def _banded(idx: Tensor, chunks: list) -> list[tuple[int, int, int]]:
-    """Split each chunk into runs of rows that list a band — exactly blocks
-    c + o + 0..K−1 for one offset o, same in every head — and the rest, so the
-    sequence ends (shorter lists) do not narrow the band of the rows between."""
+def _banded(keys: list, chunks: list) -> list[tuple[int, int, int]]:
+    """Split each chunk into runs of at least MIN_BAND_ROWS rows with one band
+    key (see _band_keys) and the rest, so the sequence ends (shorter lists) do
+    not narrow the band of the rows between."""
     out = []
-    ar = torch.arange(idx.shape[1], device=idx.device)
     for c0, c1, kk in chunks:
-        rows = idx[:, c0:c1, :kk]
-        band = (rows == rows[0, :, :1] + torch.arange(kk, device=idx.device)).all(-1).all(0).tolist()
-        keys = [o if ok else None for o, ok in zip((rows[0, :, 0] - ar[c0:c1]).tolist(), band)]
+        keys_c = keys[c0:c1]
         r = rest = c0  # rest: first row not yet emitted (it goes to a gather chunk)
         while r < c1:
             e = r + 1
-            while e < c1 and keys[e - c0] == keys[r - c0]:
+            while e < c1 and keys_c[e - c0] == keys_c[r - c0]:
                 e += 1
-            if keys[r - c0] is not None and e - r >= MIN_BAND_ROWS:
+            if keys_c[r - c0] is not None and e - r >= MIN_BAND_ROWS:
                 if rest < r:
                     out.append((rest, r, kk))
                 out.append((r, e, kk))
@@ -270,6 +365,9 @@ def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
 
 
 def _keys(xb: Tensor, call: Call) -> Tensor:
+    if call.tokens:  # (H, nb·bs, D) rows picked per token
+        h, nb, bs, d = xb.shape
+        return _gather(xb.view(h, nb * bs, 1, d), call.idx)
     if call.band is None:
         return _gather(xb, call.idx)
     return _band_view(xb, call.idx.shape[1], call.idx.shape[-1], call.band, call.step)
@@ -391,14 +489,16 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     for ci, call in enumerate(plan.calls):
         mask, _ = plan.token_mask(ci, q.dtype)
         idx = call.idx
-        flat = (heads * nb + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·nb)
+        unit = 1 if call.tokens else bs  # keys per slot
+        slots = nb * bs // unit
+        flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
         for i in range(b):
             g_q, g_k, g_v = _kernel_bwd(_rows(dob[i], call), _rows(qb[i], call), _keys(kb[i], call),
                                         _keys(vb[i], call), _rows(ob[i], call), _rows(lb[i], call), mask, scale)
             _put(dq[i], call, g_q.to(acc), add=True)
             for dst, g in ((dk, g_k), (dv, g_v)):
-                src = g.to(acc).unflatten(2, (-1, bs)).flatten(0, 2)  # (H·C·K, bs, D)
-                dst[i].view(h * nb, bs, d).index_add_(0, flat, src)
+                src = g.to(acc).unflatten(2, (-1, unit)).flatten(0, 2)  # (H·C·K, unit, D)
+                dst[i].view(h * slots, unit, d).index_add_(0, flat, src)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
