@@ -2,6 +2,7 @@
 dense mask, exact nnz, spec round-trip, Hilbert permutation, bad input."""
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -151,3 +152,109 @@ def test_pattern_pictures_figure_and_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     raw = zlib.decompress(data[data.index(b"IDAT") + 4:-16])
     assert len(raw) == 40 * (1 + 40 * 3)
+
+
+# -- candidate blocks (patterns with no band: random tiles, 2-D neighbourhoods) -----------------
+
+CANDIDATES = [  # (pattern, n, block size): tiles that match the blocks or not, odd N, grids not a power of 2
+    (random_blocks(0.2, 16, 3), 1000, 16),
+    (random_blocks(0.3, 24, 1), 997, 16),
+    (random_blocks(0.02, 5, 2), 203, 16),
+    (hilbert(32, 32, 1), 1024, 16),
+    (hilbert(20, 50, 2), 1000, 16),
+    (hilbert(13, 31, 0), 403, 8),
+    (union(local_window(20), random_blocks(0.05, 16)), 1000, 16),
+    (union(global_local(8, 3), hilbert(25, 40, 1)), 1000, 16),
+    (intersection(random_blocks(0.4, 32, 5), local_window(200)), 777, 16),
+    (causal(random_blocks(0.3, 16, 4)), 500, 16),
+    (causal(union(local_window(9), hilbert(19, 21, 1))), 399, 16),
+]
+
+
+@pytest.mark.parametrize("pattern, n, bs", CANDIDATES, ids=lambda p: repr(p)[:40] if not isinstance(p, int) else None)
+def test_candidate_blocks_cover_every_allowed_block_and_prune(pattern, n, bs):
+    assert pattern.has_candidates
+    nb = -(-n // bs)
+    want_any, want_full = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    for transpose in (False, True):
+        w_any, w_full = (x[0].T for x in (want_any, want_full)) if transpose else (want_any[0], want_full[0])
+        cand = pattern.candidate_blocks(torch.arange(nb), bs, n, transpose)
+        assert cand.shape == (nb, nb) and cand.dtype == torch.bool
+        assert (cand >= w_any).all(), "a block with an allowed pair is not a candidate"
+        assert cand.sum() < 0.75 * nb * nb, "candidates should prune most block pairs"
+        got_any, got_full = _listed(pattern.block_lists(1, n, bs, transpose=transpose), nb)
+        assert (got_any[0] >= w_any).all() and (got_full[0] <= w_full).all()
+        assert (got_any[0] <= cand).all()
+
+
+@pytest.mark.parametrize("pattern, n, bs", [CANDIDATES[i] for i in (0, 1, 2, 6, 9)], ids=lambda p: repr(p)[:40]
+                         if not isinstance(p, int) else None)
+def test_random_block_candidates_are_exact(pattern, n, bs):
+    """random_blocks' candidates are its exact any: every listed block holds an allowed pair."""
+    nb = -(-n // bs)
+    want_any, want_full = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    for transpose in (False, True):
+        got_any, got_full = _listed(pattern.block_lists(1, n, bs, transpose=transpose), nb)
+        w_any, w_full = (x.transpose(1, 2) for x in (want_any, want_full)) if transpose else (want_any, want_full)
+        assert torch.equal(got_any, w_any)
+        if pattern.name != "union":  # union's full is sound only (a block full by mixing rules reads partial)
+            assert torch.equal(got_full, w_full)
+
+
+@pytest.mark.parametrize("pattern, n, bs", [CANDIDATES[i] for i in (3, 4, 5, 7)], ids=lambda p: repr(p)[:40]
+                         if not isinstance(p, int) else None)
+def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_blocks(pattern, n, bs, monkeypatch):
+    """Against the build that tests every block pair: candidates only drop
+    blocks (never a full one), and each dropped block has no allowed pair."""
+    nb = -(-n // bs)
+    want_any, _ = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    fast = pattern.block_lists(1, n, bs)
+    monkeypatch.setattr(type(pattern), "has_candidates", False)
+    for p in getattr(pattern, "patterns", ()):
+        monkeypatch.setattr(type(p), "has_candidates", False)
+    slow = pattern.block_lists(1, n, bs)
+    fast_any, fast_full = _listed(fast, nb)
+    slow_any, slow_full = _listed(slow, nb)
+    assert torch.equal(fast_full, slow_full)
+    assert (fast_any <= slow_any).all() and (fast_any >= want_any).all()
+
+
+def test_candidate_builds_do_not_depend_on_chunking(monkeypatch):
+    from dilcompile.patterns import base
+    import dilcompile.patterns.random_blocks  # noqa: F401  (the module, not the factory of the same name)
+
+    rb_module = sys.modules["dilcompile.patterns.random_blocks"]
+
+    pats = [union(local_window(30), random_blocks(0.1, 32, 9)), hilbert(30, 41, 2), causal(random_blocks(0.2, 8))]
+    n, bs = 1230, 16
+    want = [[p.block_lists(2, n, bs, transpose=t, partial_only=t) for t in (False, True)] for p in pats]
+    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", 300)  # a few rows per chunk, one row in the last
+    monkeypatch.setattr(rb_module, "_HASH_PIECE", 100)
+    for p, lists in zip(pats, want):
+        for t, w in zip((False, True), lists):
+            got = p.block_lists(2, n, bs, transpose=t, partial_only=t)
+            nb = -(-n // bs)
+            assert torch.equal(got.num, w.num) and torch.equal(got.full_num, w.full_num)
+            assert all(torch.equal(a, b) for a, b in zip(_listed(got, nb), _listed(w, nb)))
+
+
+def test_tile_hits_equal_tile_hash():
+    from dilcompile.patterns.random_blocks import tile_hash, tile_hits
+
+    g = torch.Generator().manual_seed(0)
+    i = torch.randint(0, 1 << 40, (300, 1), generator=g)
+    j = torch.randint(0, 1 << 40, (1, 200), generator=g)
+    for seed, threshold in ((0, 1 << 30), (12345, 7), (2 ** 33 + 1, (1 << 31) - 5), (3, 0), (4, 1 << 31)):
+        assert torch.equal(tile_hits(i, j, seed, threshold), tile_hash(i, j, seed) < threshold)
+
+
+def test_hilbert_block_state_of_a_short_last_block_alone():
+    """A chunk may hold only the last (short) block paired with itself; its size
+    is then not the block size, and its box must still be its own cells'."""
+    for pat, n, bs in ((hilbert(13, 31, 0), 403, 8), (hilbert(6, 11, 1), 66, 16), (hilbert(5, 5, 3), 25, 7)):
+        lo, hi = torch.tensor([(n - 1) // bs * bs]), torch.tensor([n - 1])
+        mask = pat.dense_mask(1, n)[0, lo:, lo:]
+        anyb, full = pat.block_state(torch.zeros(1, 1, dtype=torch.long), lo, hi, lo, hi, n)
+        assert bool(anyb.all()) == bool(mask.any())
+        assert not bool(full.any()) or bool(mask.all())
+        assert bool(full.all()) == bool(mask.all())  # boxes of a handful of cells: exact here

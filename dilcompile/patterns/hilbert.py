@@ -12,11 +12,16 @@ contiguous runs — a block-sparse kernel then touches few blocks. Use it as::
 which equals raster-order attention under ``pat.raster_mask_mod`` (query and
 key cells within Chebyshev distance ``radius``) exactly, up to the
 permutation. In Hilbert order, token t is cell ``(ys[t], xs[t])``.
+
+Block lists: a block's partners are the blocks of the cells in its bounding
+box grown by ``radius`` (``candidate_blocks``: O(N/bs · box) work, not a test
+of every block pair); ``block_state`` then decides any/full on those.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +66,7 @@ class hilbert(Pattern):  # noqa: N801
     radius: int = 2  # Chebyshev neighbourhood radius in cells
 
     name = "hilbert"
+    has_candidates = True
 
     def __post_init__(self):
         for f in ("height", "width"):
@@ -109,10 +115,17 @@ class hilbert(Pattern):  # noqa: N801
         power-of-4 blocks of a 2^k grid they do, and it is exact). full: the
         boxes' farthest corners are within ``radius`` (sound)."""
         self._check_n(n)
+        r = self.radius
+        if int(torch.minimum(q_hi.min(), k_hi.min())) == n - 1:
+            # Every pair is the last block with itself (the one range ending at
+            # N − 1), whose length need not be the block size: box its cells directly.
+            ys, xs = self._cells(q_lo.device)
+            lo = int(q_lo.min())
+            anyb = torch.ones_like(q_lo + k_lo, dtype=torch.bool)  # a token attends itself
+            return anyb, anyb & (ys[lo:].amax() - ys[lo:].amin() <= r) & (xs[lo:].amax() - xs[lo:].amin() <= r)
         bs = int(torch.maximum((q_hi - q_lo).max(), (k_hi - k_lo).max())) + 1
         y0, y1, x0, x1 = _boxes(self.height, self.width, bs, str(q_lo.device))
         qb, kb = q_lo // bs, k_lo // bs
-        r = self.radius
 
         def gap(lo_a, hi_a, lo_b, hi_b):
             return torch.clamp(torch.maximum(lo_b - hi_a, lo_a - hi_b), min=0)
@@ -123,6 +136,39 @@ class hilbert(Pattern):  # noqa: N801
         anyb = (gap(y0[qb], y1[qb], y0[kb], y1[kb]) <= r) & (gap(x0[qb], x1[qb], x0[kb], x1[kb]) <= r)
         full = (span(y0[qb], y1[qb], y0[kb], y1[kb]) <= r) & (span(x0[qb], x1[qb], x0[kb], x1[kb]) <= r)
         return anyb, full
+
+    def candidate_blocks(self, rows, block_size, n, transpose=False):
+        """(R, nb) bool: the blocks holding a cell of the row block's bounding
+        box grown by ``radius`` (every partner of every token of the row is
+        there; the mask is symmetric, so ``transpose`` changes nothing). A row
+        whose grown box has more cells than there are blocks (a curve block
+        that leaves a non-power-of-2 grid and re-enters far away) gets every
+        block: enumerating its box would cost more than testing them all."""
+        self._check_n(n)
+        nb = math.ceil(n / block_size)
+        y0, y1, x0, x1 = _boxes(self.height, self.width, block_size, str(rows.device))
+        r = self.radius
+        ylo, yhi = (y0[rows] - r).clamp(min=0), (y1[rows] + r).clamp(max=self.height - 1)  # (R,)
+        xlo, xhi = (x0[rows] - r).clamp(min=0), (x1[rows] + r).clamp(max=self.width - 1)
+        wide = xhi - xlo + 1
+        area = (yhi - ylo + 1) * wide
+        out = (area > nb)[:, None].repeat(1, nb)  # (R, nb)
+        area = torch.where(area > nb, 0, area)
+        # Every cell of every (small) box, flat: row of the cell, then its index inside the box.
+        row = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), area)
+        inside = torch.arange(row.numel(), device=rows.device) - (area.cumsum(0) - area)[row]
+        y, x = ylo[row] + inside // wide[row], xlo[row] + inside % wide[row]
+        out[row, _positions(self.height, self.width, str(rows.device))[y * self.width + x] // block_size] = True
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _positions(height: int, width: int, device: str) -> Tensor:
+    """(N,) long: the curve position of raster cell ``y * width + x`` (``hilbert.inverse``)."""
+    ys, xs = _curve(height, width)
+    pos = torch.empty(ys.numel(), dtype=torch.long)
+    pos[ys * width + xs] = torch.arange(ys.numel())
+    return pos.to(device)
 
 
 @functools.lru_cache(maxsize=16)
