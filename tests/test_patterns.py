@@ -1,8 +1,8 @@
 """Patterns: analytic block lists against the block mask derived from the
 dense mask, exact nnz, spec round-trip, Hilbert permutation, bad input."""
 
+import importlib
 import itertools
-import sys
 
 import pytest
 import torch
@@ -221,21 +221,26 @@ def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_bloc
 
 def test_candidate_builds_do_not_depend_on_chunking(monkeypatch):
     from dilcompile.patterns import base
-    import dilcompile.patterns.random_blocks  # noqa: F401  (the module, not the factory of the same name)
 
-    rb_module = sys.modules["dilcompile.patterns.random_blocks"]
-
+    rb_module = importlib.import_module("dilcompile.patterns.random_blocks")  # the package rebinds the name
     pats = [union(local_window(30), random_blocks(0.1, 32, 9)), hilbert(30, 41, 2), causal(random_blocks(0.2, 8))]
     n, bs = 1230, 16
+    nb = -(-n // bs)  # 77
     want = [[p.block_lists(2, n, bs, transpose=t, partial_only=t) for t in (False, True)] for p in pats]
-    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", 300)  # a few rows per chunk, one row in the last
+    want_q = [p.block_mask(1, 2, n, bs) for p in pats]
+    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", 4 * nb)  # 4 rows per chunk, one in the last
     monkeypatch.setattr(rb_module, "_HASH_PIECE", 100)
     for p, lists in zip(pats, want):
         for t, w in zip((False, True), lists):
             got = p.block_lists(2, n, bs, transpose=t, partial_only=t)
-            nb = -(-n // bs)
             assert torch.equal(got.num, w.num) and torch.equal(got.full_num, w.full_num)
             assert all(torch.equal(a, b) for a, b in zip(_listed(got, nb), _listed(w, nb)))
+    for p, w in zip(pats, want_q):  # the transposition runs in row chunks too
+        got = p.block_mask(1, 2, n, bs)  # (index lists are padded to nb wide only below _CHUNK_ELEMENTS)
+        for kind in ("", "full_"):
+            num, idx = getattr(got, f"{kind}q_num_blocks")[0], getattr(got, f"{kind}q_indices")[0]
+            w_num, w_idx = getattr(w, f"{kind}q_num_blocks")[0], getattr(w, f"{kind}q_indices")[0]
+            assert torch.equal(num, w_num) and torch.equal(_sets(num, idx, nb), _sets(w_num, w_idx, nb)), kind
 
 
 def test_tile_hits_equal_tile_hash():
@@ -258,3 +263,38 @@ def test_hilbert_block_state_of_a_short_last_block_alone():
         assert bool(anyb.all()) == bool(mask.any())
         assert not bool(full.any()) or bool(mask.all())
         assert bool(full.all()) == bool(mask.all())  # boxes of a handful of cells: exact here
+
+
+def _sets(num, idx, nb):
+    """(H, R) counts and (H, R, K) ids → (H, R, nb) bool."""
+    out = torch.zeros(*num.shape, nb, dtype=torch.bool)
+    for row in itertools.product(*map(range, num.shape)):
+        out[row][idx[row][: num[row]].long()] = True
+    return out
+
+
+@pytest.mark.parametrize("pattern, causal_, exact", [
+    (random_blocks(0.2, 16, 3), False, True),
+    (dilated((32, 64), (1, 2)), True, True),
+    (union(local_window(20), hilbert(25, 40, 1)), False, False),
+    (global_local(8, 3), True, True),
+], ids=["random_blocks", "causal-dilated", "union-hilbert", "causal-global_local"])
+def test_block_mask_q_lists_are_its_kv_lists_transposed(pattern, causal_, exact):
+    """FlexAttention's backward reads the q lists: the same blocks as the kv
+    lists (as create_block_mask makes them), partial and full apart."""
+    n, bs, heads = 1000, 16, 4
+    nb = -(-n // bs)
+    bm = pattern.block_mask(1, heads, n, bs, causal=causal_)
+    for kind in ("", "full_"):
+        kv = _sets(getattr(bm, f"{kind}kv_num_blocks")[0], getattr(bm, f"{kind}kv_indices")[0], nb)
+        q = _sets(getattr(bm, f"{kind}q_num_blocks")[0], getattr(bm, f"{kind}q_indices")[0], nb)
+        assert torch.equal(q, kv.transpose(1, 2)), kind
+        idx = getattr(bm, f"{kind}q_indices")[0]
+        num = getattr(bm, f"{kind}q_num_blocks")[0]
+        listed = torch.arange(idx.shape[-1]) < num[..., None]
+        assert (idx[..., 1:] > idx[..., :-1])[listed[..., 1:]].all(), "q lists must be ascending"
+    if exact:  # exact any: the same lists as building the transposed orientation on its own
+        bound = (causal(pattern) if causal_ else pattern).with_heads(heads)
+        alone = bound.block_lists(heads, n, bs, transpose=True, partial_only=True)
+        want = _sets(alone.num, alone.indices, nb).expand(heads, nb, nb)
+        assert torch.equal(_sets(bm.q_num_blocks[0], bm.q_indices[0], nb), want)
