@@ -298,3 +298,19 @@ def test_block_mask_q_lists_are_its_kv_lists_transposed(pattern, causal_, exact)
         alone = bound.block_lists(heads, n, bs, transpose=True, partial_only=True)
         want = _sets(alone.num, alone.indices, nb).expand(heads, nb, nb)
         assert torch.equal(_sets(bm.q_num_blocks[0], bm.q_indices[0], nb), want)
+
+
+@pytest.mark.parametrize("n", [200, 333])
+def test_candidate_build_of_a_head_dependent_union_matches_dense_mask(n):
+    pat = union(dilated((32, 64), (1, 2)), random_blocks(0.1, 16, 4))
+    heads, bs = 3, 16
+    bound = pat.with_heads(heads)
+    assert bound.has_candidates and bound.head_dependent
+    want_any, want_full = _dense_block_state(bound.dense_mask(heads, n), n, bs)
+    for transpose in (False, True):
+        got_any, got_full = _listed(bound.block_lists(heads, n, bs, transpose=transpose), -(-n // bs))
+        w_any, w_full = (x.transpose(1, 2) for x in (want_any, want_full)) if transpose else (want_any, want_full)
+        assert torch.equal(got_any, w_any)  # both anys are exact, so the union's is
+        assert (got_full <= w_full).all()
+    bm = pat.block_mask(1, heads, n, bs, causal=True)
+    assert torch.equal(bm.to_dense()[0].bool(), _dense_block_state(causal(bound).dense_mask(heads, n), n, bs)[0])

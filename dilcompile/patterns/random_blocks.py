@@ -93,6 +93,9 @@ class random_blocks(Pattern):  # noqa: N801
         t = self.block_size
         qi0, qi1, ki0, ki1 = q_lo // t, q_hi // t, k_lo // t, k_hi // t
         span = int(torch.max(torch.maximum(qi1 - qi0, ki1 - ki0)).item()) + 1 if q_lo.numel() else 1
+        if span == 1:  # every block lies in one tile (tiles a multiple of the blocks): the block is that tile
+            hit = tile_hits(qi0, ki0, self.seed, self._threshold())
+            return hit, hit
         anyb = torch.zeros((), dtype=torch.bool, device=q_lo.device)
         full = torch.ones((), dtype=torch.bool, device=q_lo.device)
         for a in range(span):
