@@ -232,16 +232,13 @@ def _candidates(pattern: Pattern, rows: Tensor, bs: int, n: int, nb: int, transp
 
 def span_candidates(pattern: Pattern, rows: Tensor, bs: int, n: int, transpose: bool = False) -> Tensor:
     """``pattern.span`` of the row blocks ``rows`` (R,) as an (R, nb) candidate
-    mask (the same blocks ``_candidates`` lists), for combinators that mix
-    banded patterns with ``candidate_blocks`` ones."""
+    mask (the blocks ``_candidates`` lists), for combinators that mix banded
+    patterns with ``candidate_blocks`` ones. Written by index, O(R · band)."""
     nb = math.ceil(n / bs)
-    lo, hi = _bounds(rows, bs, n)
-    prefix, band_lo, band_hi = pattern.span(lo, hi, n, transpose)
-    p_blocks = torch.clamp(-(-prefix // bs), 0, nb)
-    b_lo = torch.clamp(band_lo, 0, n - 1) // bs
-    b_hi = torch.clamp(band_hi, 0, n - 1) // bs
-    cols = torch.arange(nb, device=rows.device)
-    return (cols < p_blocks[:, None]) | ((cols >= b_lo[:, None]) & (cols <= b_hi[:, None]))
+    cols, valid = _candidates(pattern, rows, bs, n, nb, transpose)  # (R, C)
+    out = torch.zeros(rows.numel(), nb, dtype=torch.bool, device=rows.device)
+    out[torch.arange(rows.numel(), device=rows.device)[:, None].expand_as(cols)[valid], cols[valid]] = True
+    return out
 
 
 def _compact_pairs(keep: Tensor, rr: Tensor, cc: Tensor, rows: int) -> tuple[Tensor, Tensor]:
