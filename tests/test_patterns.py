@@ -171,8 +171,16 @@ CANDIDATES = [  # (pattern, n, block size): tiles that match the blocks or not, 
 ]
 
 
+@pytest.fixture(params=[0, 8], ids=["enumerate-boxes", "box-test"])
+def box_factor(request, monkeypatch):
+    """hilbert's two candidate paths: enumerate every grown box (0), or the
+    default rule, which at these small N mostly tests boxes per block."""
+    monkeypatch.setattr(importlib.import_module("dilcompile.patterns.hilbert"), "_BOX_TEST_FACTOR", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("pattern, n, bs", CANDIDATES, ids=lambda p: repr(p)[:40] if not isinstance(p, int) else None)
-def test_candidate_blocks_cover_every_allowed_block_and_prune(pattern, n, bs):
+def test_candidate_blocks_cover_every_allowed_block_and_prune(pattern, n, bs, box_factor):
     assert pattern.has_candidates
     nb = -(-n // bs)
     want_any, want_full = _dense_block_state(pattern.dense_mask(1, n), n, bs)
@@ -203,7 +211,8 @@ def test_random_block_candidates_are_exact(pattern, n, bs):
 
 @pytest.mark.parametrize("pattern, n, bs", [CANDIDATES[i] for i in (3, 4, 5, 7)], ids=lambda p: repr(p)[:40]
                          if not isinstance(p, int) else None)
-def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_blocks(pattern, n, bs, monkeypatch):
+def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_blocks(pattern, n, bs, monkeypatch,
+                                                                                    box_factor):
     """Against the build that tests every block pair: candidates only drop
     blocks (never a full one), and each dropped block has no allowed pair."""
     nb = -(-n // bs)
