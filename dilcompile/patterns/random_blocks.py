@@ -118,7 +118,8 @@ class random_blocks(Pattern):  # noqa: N801
         t0, t1 = lo // t, torch.clamp(lo + block_size - 1, max=n - 1) // t  # (R,) tile rows of each row block
         tiles = torch.zeros(rows.numel(), nt, dtype=torch.bool, device=rows.device)
         j = torch.arange(nt, device=rows.device)
-        step = max(1, _HASH_PIECE // nt)
+        piece = _HASH_PIECE if rows.device.type == "cpu" else 1 << 24  # GPUs: few large launches
+        step = max(1, piece // nt)
         for a in range(int((t1 - t0).max()) + 1 if rows.numel() else 0):
             for r0 in range(0, rows.numel(), step):
                 ti = (t0[r0:r0 + step] + a)[:, None]
