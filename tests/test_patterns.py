@@ -336,3 +336,17 @@ def test_builders_restore_the_thread_count_even_on_error():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_hilbert_curve_by_sorting_cells_equals_walking_the_square():
+    from dilcompile.patterns.hilbert import _curve, hilbert_d2xy, hilbert_xy2d
+
+    for order in range(1, 7):
+        d = torch.arange(1 << (2 * order))
+        assert torch.equal(hilbert_xy2d(order, *hilbert_d2xy(order, d)), d), order
+    for height, width in ((1, 1), (6, 11), (13, 31), (64, 64), (100, 163), (1, 37), (40, 3)):
+        order = max(1, (max(height, width) - 1).bit_length())
+        x, y = hilbert_d2xy(order, torch.arange(1 << (2 * order)))
+        keep = (x < width) & (y < height)
+        ys, xs = _curve(height, width)
+        assert torch.equal(ys, y[keep]) and torch.equal(xs, x[keep]), (height, width)

@@ -56,12 +56,32 @@ def hilbert_d2xy(order: int, d: Tensor) -> tuple[Tensor, Tensor]:
     return x, y
 
 
+def hilbert_xy2d(order: int, x: Tensor, y: Tensor) -> Tensor:
+    """Curve index d of cell (x, y) on a 2^order square: the inverse of
+    ``hilbert_d2xy`` (the same walk from the top level down, flips over the
+    whole square), vectorised over the cells."""
+    side = 1 << order
+    d = torch.zeros_like(x)
+    s = side // 2
+    while s > 0:
+        rx, ry = (x & s) > 0, (y & s) > 0
+        d += s * s * ((3 * rx.long()) ^ ry.long())
+        flip = ~ry & rx
+        x, y = torch.where(flip, side - 1 - x, x), torch.where(flip, side - 1 - y, y)
+        x, y = torch.where(ry, x, y), torch.where(ry, y, x)  # swap where ry == 0
+        s //= 2
+    return d
+
+
 @functools.lru_cache(maxsize=16)
 def _curve(height: int, width: int) -> tuple[Tensor, Tensor]:
+    """The grid's cells in curve order: (N,) rows, (N,) columns. Sorts the N
+    cells by curve index instead of walking the whole 2^k square, which for a
+    grid just past a power of two is ~4× the cells."""
     order = max(1, (max(height, width) - 1).bit_length())
-    x, y = hilbert_d2xy(order, torch.arange(1 << (2 * order)))
-    keep = (x < width) & (y < height)
-    return y[keep].contiguous(), x[keep].contiguous()  # (N,), (N,) in curve order
+    y, x = torch.arange(height).repeat_interleave(width), torch.arange(width).repeat(height)
+    by_curve = torch.argsort(hilbert_xy2d(order, x, y))
+    return y[by_curve].contiguous(), x[by_curve].contiguous()  # (N,), (N,) in curve order
 
 
 @dataclass(frozen=True, repr=False)
