@@ -1,6 +1,7 @@
 """Patterns: analytic block lists against the block mask derived from the
 dense mask, exact nnz, spec round-trip, Hilbert permutation, bad input."""
 
+import importlib
 import itertools
 
 import pytest
@@ -151,3 +152,201 @@ def test_pattern_pictures_figure_and_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     raw = zlib.decompress(data[data.index(b"IDAT") + 4:-16])
     assert len(raw) == 40 * (1 + 40 * 3)
+
+
+# -- candidate blocks (patterns with no band: random tiles, 2-D neighbourhoods) -----------------
+
+CANDIDATES = [  # (pattern, n, block size): tiles that match the blocks or not, odd N, grids not a power of 2
+    (random_blocks(0.2, 16, 3), 1000, 16),
+    (random_blocks(0.3, 24, 1), 997, 16),
+    (random_blocks(0.02, 5, 2), 203, 16),
+    (hilbert(32, 32, 1), 1024, 16),
+    (hilbert(20, 50, 2), 1000, 16),
+    (hilbert(13, 31, 0), 403, 8),
+    (union(local_window(20), random_blocks(0.05, 16)), 1000, 16),
+    (union(global_local(8, 3), hilbert(25, 40, 1)), 1000, 16),
+    (intersection(random_blocks(0.4, 32, 5), local_window(200)), 777, 16),
+    (causal(random_blocks(0.3, 16, 4)), 500, 16),
+    (causal(union(local_window(9), hilbert(19, 21, 1))), 399, 16),
+]
+
+
+@pytest.fixture(params=[0, 8], ids=["enumerate-boxes", "box-test"])
+def box_factor(request, monkeypatch):
+    """hilbert's two candidate paths: enumerate every grown box (0), or the
+    default rule, which at these small N mostly tests boxes per block."""
+    monkeypatch.setattr(importlib.import_module("dilcompile.patterns.hilbert"), "_BOX_TEST_FACTOR", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("pattern, n, bs", CANDIDATES, ids=lambda p: repr(p)[:40] if not isinstance(p, int) else None)
+def test_candidate_blocks_cover_every_allowed_block_and_prune(pattern, n, bs, box_factor):
+    assert pattern.has_candidates
+    nb = -(-n // bs)
+    want_any, want_full = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    for transpose in (False, True):
+        w_any, w_full = (x[0].T for x in (want_any, want_full)) if transpose else (want_any[0], want_full[0])
+        cand = pattern.candidate_blocks(torch.arange(nb), bs, n, transpose)
+        assert cand.shape == (nb, nb) and cand.dtype == torch.bool
+        assert (cand >= w_any).all(), "a block with an allowed pair is not a candidate"
+        assert cand.sum() < 0.75 * nb * nb, "candidates should prune most block pairs"
+        got_any, got_full = _listed(pattern.block_lists(1, n, bs, transpose=transpose), nb)
+        assert (got_any[0] >= w_any).all() and (got_full[0] <= w_full).all()
+        assert (got_any[0] <= cand).all()
+
+
+@pytest.mark.parametrize("pattern, n, bs", [CANDIDATES[i] for i in (0, 1, 2, 6, 9)], ids=lambda p: repr(p)[:40]
+                         if not isinstance(p, int) else None)
+def test_random_block_candidates_are_exact(pattern, n, bs):
+    """random_blocks' candidates are its exact any: every listed block holds an allowed pair."""
+    nb = -(-n // bs)
+    want_any, want_full = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    for transpose in (False, True):
+        got_any, got_full = _listed(pattern.block_lists(1, n, bs, transpose=transpose), nb)
+        w_any, w_full = (x.transpose(1, 2) for x in (want_any, want_full)) if transpose else (want_any, want_full)
+        assert torch.equal(got_any, w_any)
+        if pattern.name != "union":  # union's full is sound only (a block full by mixing rules reads partial)
+            assert torch.equal(got_full, w_full)
+
+
+@pytest.mark.parametrize("pattern, n, bs", [CANDIDATES[i] for i in (3, 4, 5, 7)], ids=lambda p: repr(p)[:40]
+                         if not isinstance(p, int) else None)
+def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_blocks(pattern, n, bs, monkeypatch,
+                                                                                    box_factor):
+    """Against the build that tests every block pair: candidates only drop
+    blocks (never a full one), and each dropped block has no allowed pair."""
+    nb = -(-n // bs)
+    want_any, _ = _dense_block_state(pattern.dense_mask(1, n), n, bs)
+    fast = pattern.block_lists(1, n, bs)
+    monkeypatch.setattr(type(pattern), "has_candidates", False)
+    for p in getattr(pattern, "patterns", ()):
+        monkeypatch.setattr(type(p), "has_candidates", False)
+    slow = pattern.block_lists(1, n, bs)
+    fast_any, fast_full = _listed(fast, nb)
+    slow_any, slow_full = _listed(slow, nb)
+    assert torch.equal(fast_full, slow_full)
+    assert (fast_any <= slow_any).all() and (fast_any >= want_any).all()
+
+
+def test_candidate_builds_do_not_depend_on_chunking(monkeypatch):
+    from dilcompile.patterns import base
+
+    rb_module = importlib.import_module("dilcompile.patterns.random_blocks")  # the package rebinds the name
+    pats = [union(local_window(30), random_blocks(0.1, 32, 9)), hilbert(30, 41, 2), causal(random_blocks(0.2, 8))]
+    n, bs = 1230, 16
+    nb = -(-n // bs)  # 77
+    want = [[p.block_lists(2, n, bs, transpose=t, partial_only=t) for t in (False, True)] for p in pats]
+    want_q = [p.block_mask(1, 2, n, bs) for p in pats]
+    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", 4 * nb)  # 4 rows per chunk, one in the last
+    monkeypatch.setattr(rb_module, "_HASH_PIECE", 100)
+    for p, lists in zip(pats, want):
+        for t, w in zip((False, True), lists):
+            got = p.block_lists(2, n, bs, transpose=t, partial_only=t)
+            assert torch.equal(got.num, w.num) and torch.equal(got.full_num, w.full_num)
+            assert all(torch.equal(a, b) for a, b in zip(_listed(got, nb), _listed(w, nb)))
+    for p, w in zip(pats, want_q):  # the transposition runs in row chunks too
+        got = p.block_mask(1, 2, n, bs)  # (index lists are padded to nb wide only below _CHUNK_ELEMENTS)
+        for kind in ("", "full_"):
+            num, idx = getattr(got, f"{kind}q_num_blocks")[0], getattr(got, f"{kind}q_indices")[0]
+            w_num, w_idx = getattr(w, f"{kind}q_num_blocks")[0], getattr(w, f"{kind}q_indices")[0]
+            assert torch.equal(num, w_num) and torch.equal(_sets(num, idx, nb), _sets(w_num, w_idx, nb)), kind
+
+
+def test_tile_hits_equal_tile_hash():
+    from dilcompile.patterns.random_blocks import tile_hash, tile_hits
+
+    g = torch.Generator().manual_seed(0)
+    i = torch.randint(0, 1 << 40, (300, 1), generator=g)
+    j = torch.randint(0, 1 << 40, (1, 200), generator=g)
+    for seed, threshold in ((0, 1 << 30), (12345, 7), (2 ** 33 + 1, (1 << 31) - 5), (3, 0), (4, 1 << 31)):
+        assert torch.equal(tile_hits(i, j, seed, threshold), tile_hash(i, j, seed) < threshold)
+
+
+def test_hilbert_block_state_of_a_short_last_block_alone():
+    """A chunk may hold only the last (short) block paired with itself; its size
+    is then not the block size, and its box must still be its own cells'."""
+    for pat, n, bs in ((hilbert(13, 31, 0), 403, 8), (hilbert(6, 11, 1), 66, 16), (hilbert(5, 5, 3), 25, 7)):
+        lo, hi = torch.tensor([(n - 1) // bs * bs]), torch.tensor([n - 1])
+        mask = pat.dense_mask(1, n)[0, lo:, lo:]
+        anyb, full = pat.block_state(torch.zeros(1, 1, dtype=torch.long), lo, hi, lo, hi, n)
+        assert bool(anyb.all()) == bool(mask.any())
+        assert not bool(full.any()) or bool(mask.all())
+        assert bool(full.all()) == bool(mask.all())  # boxes of a handful of cells: exact here
+
+
+def _sets(num, idx, nb):
+    """(H, R) counts and (H, R, K) ids → (H, R, nb) bool."""
+    out = torch.zeros(*num.shape, nb, dtype=torch.bool)
+    for row in itertools.product(*map(range, num.shape)):
+        out[row][idx[row][: num[row]].long()] = True
+    return out
+
+
+@pytest.mark.parametrize("pattern, causal_, exact", [
+    (random_blocks(0.2, 16, 3), False, True),
+    (dilated((32, 64), (1, 2)), True, True),
+    (union(local_window(20), hilbert(25, 40, 1)), False, False),
+    (global_local(8, 3), True, True),
+], ids=["random_blocks", "causal-dilated", "union-hilbert", "causal-global_local"])
+def test_block_mask_q_lists_are_its_kv_lists_transposed(pattern, causal_, exact):
+    """FlexAttention's backward reads the q lists: the same blocks as the kv
+    lists (as create_block_mask makes them), partial and full apart."""
+    n, bs, heads = 1000, 16, 4
+    nb = -(-n // bs)
+    bm = pattern.block_mask(1, heads, n, bs, causal=causal_)
+    for kind in ("", "full_"):
+        kv = _sets(getattr(bm, f"{kind}kv_num_blocks")[0], getattr(bm, f"{kind}kv_indices")[0], nb)
+        q = _sets(getattr(bm, f"{kind}q_num_blocks")[0], getattr(bm, f"{kind}q_indices")[0], nb)
+        assert torch.equal(q, kv.transpose(1, 2)), kind
+        idx = getattr(bm, f"{kind}q_indices")[0]
+        num = getattr(bm, f"{kind}q_num_blocks")[0]
+        listed = torch.arange(idx.shape[-1]) < num[..., None]
+        assert (idx[..., 1:] > idx[..., :-1])[listed[..., 1:]].all(), "q lists must be ascending"
+    if exact:  # exact any: the same lists as building the transposed orientation on its own
+        bound = (causal(pattern) if causal_ else pattern).with_heads(heads)
+        alone = bound.block_lists(heads, n, bs, transpose=True, partial_only=True)
+        want = _sets(alone.num, alone.indices, nb).expand(heads, nb, nb)
+        assert torch.equal(_sets(bm.q_num_blocks[0], bm.q_indices[0], nb), want)
+
+
+@pytest.mark.parametrize("n", [200, 333])
+def test_candidate_build_of_a_head_dependent_union_matches_dense_mask(n):
+    pat = union(dilated((32, 64), (1, 2)), random_blocks(0.1, 16, 4))
+    heads, bs = 3, 16
+    bound = pat.with_heads(heads)
+    assert bound.has_candidates and bound.head_dependent
+    want_any, want_full = _dense_block_state(bound.dense_mask(heads, n), n, bs)
+    for transpose in (False, True):
+        got_any, got_full = _listed(bound.block_lists(heads, n, bs, transpose=transpose), -(-n // bs))
+        w_any, w_full = (x.transpose(1, 2) for x in (want_any, want_full)) if transpose else (want_any, want_full)
+        assert torch.equal(got_any, w_any)  # both anys are exact, so the union's is
+        assert (got_full <= w_full).all()
+    bm = pat.block_mask(1, heads, n, bs, causal=True)
+    assert torch.equal(bm.to_dense()[0].bool(), _dense_block_state(causal(bound).dense_mask(heads, n), n, bs)[0])
+
+
+def test_builders_restore_the_thread_count_even_on_error():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        random_blocks(0.1, 16).block_mask(1, 2, 300, 16)
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="height·width"):
+            hilbert(4, 4, 1).block_lists(1, 17, 16)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_hilbert_curve_by_sorting_cells_equals_walking_the_square():
+    from dilcompile.patterns.hilbert import _curve, hilbert_d2xy, hilbert_xy2d
+
+    for order in range(1, 7):
+        d = torch.arange(1 << (2 * order))
+        assert torch.equal(hilbert_xy2d(order, *hilbert_d2xy(order, d)), d), order
+    for height, width in ((1, 1), (6, 11), (13, 31), (64, 64), (100, 163), (1, 37), (40, 3)):
+        order = max(1, (max(height, width) - 1).bit_length())
+        x, y = hilbert_d2xy(order, torch.arange(1 << (2 * order)))
+        keep = (x < width) & (y < height)
+        ys, xs = _curve(height, width)
+        assert torch.equal(ys, y[keep]) and torch.equal(xs, x[keep]), (height, width)

@@ -14,11 +14,15 @@ triples may attend, twice:
 
 From ``block_state`` the builder lists, per (head, query block), the key
 blocks to compute, chunk by chunk, so no N×N tensor ever exists: at
-N = 1,048,576 with 128-token blocks a chunk is a few MB.
+N = 1,048,576 with 128-token blocks a chunk is a few MB. ``block_state`` is
+evaluated on candidate blocks only: a band from ``span`` (banded patterns), or,
+for patterns with no band (random tiles, 2-D neighbourhoods), the blocks that
+``candidate_blocks`` names (``has_candidates``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import ClassVar, NamedTuple
@@ -48,6 +52,7 @@ class Pattern:
     name: ClassVar[str] = "pattern"
     head_dependent: ClassVar[bool] = False  # mask depends on h (needs num_heads)
     data_dependent: ClassVar[bool] = False  # mask depends on q/k values (adaptive)
+    has_candidates: ClassVar[bool] = False  # implements candidate_blocks (used instead of span)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -88,6 +93,15 @@ class Pattern:
         zero = torch.zeros_like(lo)
         return zero, zero, torch.full_like(hi, n - 1)
 
+    def candidate_blocks(self, rows: Tensor, block_size: int, n: int, transpose: bool = False) -> Tensor:
+        """Candidate partner blocks of the row blocks ``rows`` ((R,) ids, rows of
+        ``block_size`` tokens): (R, nb) bool over every partner block, True for
+        each block that may hold an allowed pair with the row (a superset is
+        fine). Patterns whose partners form no band implement it and set
+        ``has_candidates``; the builder then evaluates ``block_state`` on these
+        blocks only. Default: the blocks of ``span``."""
+        return span_candidates(self, rows, block_size, n, transpose)
+
     def with_heads(self, num_heads: int) -> Pattern:
         """The pattern specialised to ``num_heads`` heads (head-dependent patterns only)."""
         return self
@@ -110,14 +124,18 @@ class Pattern:
                    causal: bool = False, compute_q_blocks: bool = True):
         """A ``torch.nn.attention.flex_attention.BlockMask`` for (B, H, N, N),
         built analytically (O(N · blocks per row) memory). ``compute_q_blocks``
-        builds the transposed lists too, which FlexAttention's backward needs."""
+        builds the transposed lists too, which FlexAttention's backward needs:
+        the kv lists transposed (as ``create_block_mask`` does), so both list
+        the same blocks, at the cost of one sort instead of a second build."""
         from torch.nn.attention.flex_attention import BlockMask
 
         pattern = (causal_of(self) if causal else self).with_heads(H)
-        kv = pattern.block_lists(H, N, block_size, device, partial_only=True)
-        q = pattern.block_lists(H, N, block_size, device, transpose=True, partial_only=True) if compute_q_blocks else None
+        from .transpose import transpose_lists
 
+        kv = pattern.block_lists(H, N, block_size, device, partial_only=True)
         nb = math.ceil(N / block_size)
+        q = transpose_lists(kv, nb) if compute_q_blocks else None
+
         # FlexAttention's own helpers (to_dense, _transpose_ordered) expect index
         # lists as wide as the block count; pad to that while it is small. At
         # large N the lists stay compact (the kernels only read the listed slots).
@@ -215,7 +233,61 @@ def _candidates(pattern: Pattern, rows: Tensor, bs: int, n: int, nb: int, transp
     return torch.where(valid, cols, 0).clamp(max=nb - 1), valid
 
 
+def span_candidates(pattern: Pattern, rows: Tensor, bs: int, n: int, transpose: bool = False) -> Tensor:
+    """``pattern.span`` of the row blocks ``rows`` (R,) as an (R, nb) candidate
+    mask (the blocks ``_candidates`` lists), for combinators that mix banded
+    patterns with ``candidate_blocks`` ones. Written by index, O(R · band)."""
+    nb = math.ceil(n / bs)
+    cols, valid = _candidates(pattern, rows, bs, n, nb, transpose)  # (R, C)
+    out = torch.zeros(rows.numel(), nb, dtype=torch.bool, device=rows.device)
+    out[torch.arange(rows.numel(), device=rows.device)[:, None].expand_as(cols)[valid], cols[valid]] = True
+    return out
+
+
+def _compact_pairs(keep: Tensor, rr: Tensor, cc: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """``_compact`` on flat pairs: ``keep`` (Hp, P) bool over the (row, column)
+    pairs ``rr``, ``cc`` (P,) (row-major order) → counts (Hp, R) and the kept
+    column ids left-aligned (Hp, R, max count), padded with the row's last."""
+    hp = keep.shape[0]
+    hh, pp = keep.nonzero(as_tuple=True)  # row-major: by head, then row, then column
+    key = hh * rows + rr[pp]
+    counts = torch.bincount(key, minlength=hp * rows)
+    width = max(1, int(counts.max()) if counts.numel() else 1)
+    starts = counts.cumsum(0) - counts
+    idx = torch.zeros(hp * rows, width, dtype=torch.int32, device=keep.device)
+    idx[key, torch.arange(key.numel(), device=keep.device) - starts[key]] = cc[pp].to(torch.int32)
+    last = idx.gather(1, (counts - 1).clamp(min=0).unsqueeze(1))
+    idx = torch.where(torch.arange(width, device=keep.device) < counts.unsqueeze(1), idx, last)
+    return counts.to(torch.int32).view(hp, rows), idx.view(hp, rows, width)
+
+
+def _candidate_lists(pattern: Pattern, h: Tensor, rows: Tensor, bs: int, n: int, transpose: bool,
+                     partial_only: bool) -> tuple[Tensor, ...]:
+    """Lists of the row blocks ``rows`` from ``candidate_blocks``: ``block_state``
+    runs on the candidate (row, column) pairs only, flat, never on a padded table."""
+    rr, cc = pattern.candidate_blocks(rows, bs, n, transpose).nonzero(as_tuple=True)  # (P,) each
+    hp = h.shape[0]
+    if rr.numel():
+        r_lo, r_hi = _bounds(rows[rr], bs, n)
+        c_lo, c_hi = _bounds(cc, bs, n)
+        if transpose:  # rows are key blocks, columns query blocks
+            anyb, full = pattern.block_state(h[:, :, 0], c_lo, c_hi, r_lo, r_hi, n)
+        else:
+            anyb, full = pattern.block_state(h[:, :, 0], r_lo, r_hi, c_lo, c_hi, n)
+        anyb = anyb.expand(hp, rr.numel())
+        full = (full & anyb).expand(hp, rr.numel())
+    else:
+        anyb = full = torch.zeros(hp, 0, dtype=torch.bool, device=rows.device)
+    return (*_compact_pairs(anyb & ~full if partial_only else anyb, rr, cc, rows.numel()),
+            *_compact_pairs(full, rr, cc, rows.numel()))
+
+
 def _row_chunks(pattern, nb, bs, n, hp, transpose, device):
+    if pattern.has_candidates:  # (R, nb) candidate masks: fixed chunks of rows
+        step = max(1, _CHUNK_ELEMENTS // (hp * nb))
+        for r0 in range(0, nb, step):
+            yield r0, min(r0 + step, nb)
+        return
     lo, hi = _bounds(torch.arange(nb, device=device), bs, n)
     prefix, b_lo, b_hi = pattern.span(lo, hi, n, transpose)
     p_blocks = torch.clamp(-(-prefix // bs), 0, nb)
@@ -230,6 +302,25 @@ def _row_chunks(pattern, nb, bs, n, hp, transpose, device):
     yield r0, nb
 
 
+@contextlib.contextmanager
+def one_cpu_thread():
+    """Run CPU ops on one thread inside (restored after). The builders issue
+    thousands of medium-sized ops; with two threads each is an OpenMP
+    fork/join, and on a 2-core machine that other processes load, every join
+    can wait a time slice for the busy core. Measured at N = 1M (three
+    patterns, interleaved runs): one thread 0.3–3.0 s, two threads 0.3–12.6 s;
+    on a quiet machine two threads gain at most ~1.5×."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
+@one_cpu_thread()
 def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int, device=None,
                       transpose: bool = False, partial_only: bool = False) -> BlockLists:
     if n < 1 or block_size < 1:
@@ -243,6 +334,10 @@ def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int,
     out = {k: [] for k in ("num", "idx", "fnum", "fidx")}
     for r0, r1 in _row_chunks(pattern, nb, block_size, n, hp, transpose, device):
         rows = torch.arange(r0, r1, device=device)
+        if pattern.has_candidates:
+            for key, val in zip(out, _candidate_lists(pattern, h, rows, block_size, n, transpose, partial_only)):
+                out[key].append(val)
+            continue
         cols, valid = _candidates(pattern, rows, block_size, n, nb, transpose)  # (R, C)
         r_lo, r_hi = _bounds(rows[None, :, None], block_size, n)
         c_lo, c_hi = _bounds(cols[None], block_size, n)

@@ -3,7 +3,10 @@
 Block states combine soundly: union's any is exact (OR of exact anys), its
 full is the OR of fulls (sound); intersection's full is exact (AND), its any
 the AND of anys (a superset: two patterns may each touch a block without
-sharing a pair)."""
+sharing a pair). Candidates combine the same way: when a child lists its own
+(``candidate_blocks``), union ORs and intersection ANDs the children's
+candidate masks (a banded child's span as a mask), so a union with random
+blocks still builds in O(candidates), not over every block pair."""
 
 from __future__ import annotations
 
@@ -37,6 +40,10 @@ class _Combined(Pattern):
     def head_dependent(self) -> bool:  # noqa: D401
         return any(p.head_dependent for p in self.patterns)
 
+    @property
+    def has_candidates(self) -> bool:  # noqa: D401
+        return any(p.has_candidates for p in self.patterns)
+
     def with_heads(self, num_heads):
         bound = tuple(p.with_heads(num_heads) for p in self.patterns)
         return self if bound == self.patterns else type(self)(*bound)
@@ -54,6 +61,12 @@ class union(_Combined):  # noqa: N801
             q_prefix, q_lo, q_hi = p.span(lo, hi, n, transpose)
             prefix, b_lo, b_hi = torch.maximum(prefix, q_prefix), torch.minimum(b_lo, q_lo), torch.maximum(b_hi, q_hi)
         return prefix, b_lo, b_hi
+
+    def candidate_blocks(self, rows, block_size, n, transpose=False):
+        out = self.patterns[0].candidate_blocks(rows, block_size, n, transpose)
+        for p in self.patterns[1:]:
+            out |= p.candidate_blocks(rows, block_size, n, transpose)
+        return out
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
@@ -74,6 +87,12 @@ class intersection(_Combined):  # noqa: N801
 
     def span(self, lo, hi, n, transpose=False):
         return self.patterns[0].span(lo, hi, n, transpose)  # any one pattern's candidates are a superset
+
+    def candidate_blocks(self, rows, block_size, n, transpose=False):
+        out = self.patterns[0].candidate_blocks(rows, block_size, n, transpose)
+        for p in self.patterns[1:]:
+            out &= p.candidate_blocks(rows, block_size, n, transpose)
+        return out
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         out = self.patterns[0].mask_mod(b, h, q_idx, kv_idx)
@@ -105,6 +124,10 @@ class causal(Pattern):  # noqa: N801
     def head_dependent(self) -> bool:  # noqa: D401
         return self.pattern.head_dependent
 
+    @property
+    def has_candidates(self) -> bool:  # noqa: D401
+        return self.pattern.has_candidates
+
     def with_heads(self, num_heads):
         inner = self.pattern.with_heads(num_heads)
         return self if inner is self.pattern else replace(self, pattern=inner)
@@ -114,6 +137,12 @@ class causal(Pattern):  # noqa: N801
         if transpose:  # rows are keys: queries at or after them
             return prefix, torch.maximum(b_lo, lo), b_hi
         return torch.minimum(prefix, hi + 1), b_lo, torch.minimum(b_hi, hi)
+
+    def candidate_blocks(self, rows, block_size, n, transpose=False):
+        out = self.pattern.candidate_blocks(rows, block_size, n, transpose)
+        cols = torch.arange(out.shape[1], device=out.device)
+        # Key block ≤ query block (blocks share one size, so k_lo ≤ q_hi is that).
+        return out & ((cols[None] >= rows[:, None]) if transpose else (cols[None] <= rows[:, None]))
 
     def mask_mod(self, b, h, q_idx, kv_idx):
         return self.pattern.mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)

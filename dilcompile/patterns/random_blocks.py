@@ -6,18 +6,30 @@ is integer arithmetic on index tensors, so the mask is the same on every
 device, deterministic per seed, and traceable inside FlexAttention. Rows whose
 tiles all miss attend to nothing (output 0); BigBird's full pattern is
 ``union(local_window(...), global_local(...), random_blocks(...))``.
+
+Block lists: tiles have no band, so the builder asks ``candidate_blocks``,
+which hashes every tile of the rows' tile rows (O(N²/tile²) hashes, in
+cache-sized pieces and in place: ~0.7 s at N = 1M with 128-token tiles)
+and keeps the blocks holding a hit.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from ._checks import check_fraction, check_int
 from .base import Pattern
 
 _MASK31 = (1 << 31) - 1
+# Elements of one in-place hash piece: under torch's parallel grain (32768), so
+# each op runs on one thread in cache. Parallel pieces pay a fork/join per op,
+# which stalls for a time slice whenever the other core is busy (measured: 10×
+# slower on a loaded 2-core machine; serial pieces are steady).
+_HASH_PIECE = (1 << 15) - 1
 
 
 def tile_hash(i, j, seed: int):
@@ -29,6 +41,17 @@ def tile_hash(i, j, seed: int):
     return x ^ (x >> 16)
 
 
+def tile_hits(i: Tensor, j: Tensor, seed: int, threshold: int) -> Tensor:
+    """``tile_hash(i, j, seed) < threshold`` on broadcast int64 index tensors:
+    the same integers (int64 wraps alike in any order), on one temporary
+    updated in place — about 3× faster than ``tile_hash``'s fresh tensors."""
+    x = i * 92821 + j * 68917
+    x.add_(seed * 1103515245).add_(12345).bitwise_and_(_MASK31)
+    x.bitwise_xor_(x >> 15).mul_(2246822519).bitwise_and_(_MASK31)
+    x.bitwise_xor_(x >> 13).mul_(3266489917).bitwise_and_(_MASK31)
+    return x.bitwise_xor_(x >> 16) < threshold
+
+
 @dataclass(frozen=True, repr=False, init=False)
 class random_blocks(Pattern):  # noqa: N801
     rate: float  # fraction of tiles allowed (in expectation); the ``density`` argument
@@ -36,6 +59,7 @@ class random_blocks(Pattern):  # noqa: N801
     seed: int
 
     name = "random_blocks"
+    has_candidates = True
 
     def __init__(self, density: float = 0.1, block_size: int = 128, seed: int = 0):
         # The argument is ``density`` (the BigBird word); it is stored as ``rate``
@@ -69,13 +93,43 @@ class random_blocks(Pattern):  # noqa: N801
         t = self.block_size
         qi0, qi1, ki0, ki1 = q_lo // t, q_hi // t, k_lo // t, k_hi // t
         span = int(torch.max(torch.maximum(qi1 - qi0, ki1 - ki0)).item()) + 1 if q_lo.numel() else 1
+        if span == 1:  # every block lies in one tile (tiles a multiple of the blocks): the block is that tile
+            hit = tile_hits(qi0, ki0, self.seed, self._threshold())
+            return hit, hit
         anyb = torch.zeros((), dtype=torch.bool, device=q_lo.device)
         full = torch.ones((), dtype=torch.bool, device=q_lo.device)
         for a in range(span):
             for c in range(span):
                 qi, ki = qi0 + a, ki0 + c
                 inside = (qi <= qi1) & (ki <= ki1)
-                tile = self._tile(qi, ki)
+                tile = tile_hits(qi, ki, self.seed, self._threshold())  # == self._tile(qi, ki)
                 anyb = anyb | (inside & tile)
                 full = full & (~inside | tile)
         return anyb, full
+
+    def candidate_blocks(self, rows, block_size, n, transpose=False):
+        """(R, nb) bool: block c of the partners holds a hit tile of row block
+        r (exact any). Every tile of the rows' tile rows is hashed, piece by
+        piece; tile hits then map to blocks by a prefix count over each
+        block's tile range (tiles and blocks need not line up)."""
+        t, seed, threshold = self.block_size, self.seed, self._threshold()
+        nt = math.ceil(n / t)
+        lo = rows * block_size
+        t0, t1 = lo // t, torch.clamp(lo + block_size - 1, max=n - 1) // t  # (R,) tile rows of each row block
+        tiles = torch.zeros(rows.numel(), nt, dtype=torch.bool, device=rows.device)
+        j = torch.arange(nt, device=rows.device)
+        piece = _HASH_PIECE if rows.device.type == "cpu" else 1 << 24  # GPUs: few large launches
+        step = max(1, piece // nt)
+        for a in range(int((t1 - t0).max()) + 1 if rows.numel() else 0):
+            for r0 in range(0, rows.numel(), step):
+                ti = (t0[r0:r0 + step] + a)[:, None]
+                # Rows are keys in the transpose: the hash takes (query tile, key tile).
+                hit = tile_hits(j[None], ti, seed, threshold) if transpose else tile_hits(ti, j[None], seed, threshold)
+                tiles[r0:r0 + step] |= hit & (ti <= t1[r0:r0 + step, None])
+        nb = math.ceil(n / block_size)
+        if t == block_size:
+            return tiles
+        c_lo = torch.arange(nb, device=rows.device) * block_size
+        j0, j1 = c_lo // t, torch.clamp(c_lo + block_size - 1, max=n - 1) // t  # (nb,) tiles of each block
+        hits = torch.nn.functional.pad(tiles.to(torch.int32).cumsum(1), (1, 0))  # (R, nt + 1) prefix counts
+        return hits[:, j1 + 1] > hits[:, j0]
