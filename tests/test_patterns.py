@@ -325,19 +325,6 @@ def test_candidate_build_of_a_head_dependent_union_matches_dense_mask(n):
     assert torch.equal(bm.to_dense()[0].bool(), _dense_block_state(causal(bound).dense_mask(heads, n), n, bs)[0])
 
 
-def test_builders_restore_the_thread_count_even_on_error():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        random_blocks(0.1, 16).block_mask(1, 2, 300, 16)
-        assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError, match="height·width"):
-            hilbert(4, 4, 1).block_lists(1, 17, 16)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_hilbert_curve_by_sorting_cells_equals_walking_the_square():
     from dilcompile.patterns.hilbert import _curve, hilbert_d2xy, hilbert_xy2d
 

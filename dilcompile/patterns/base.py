@@ -22,7 +22,6 @@ for patterns with no band (random tiles, 2-D neighbourhoods), the blocks that
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from typing import ClassVar, NamedTuple
@@ -302,25 +301,6 @@ def _row_chunks(pattern, nb, bs, n, hp, transpose, device):
     yield r0, nb
 
 
-@contextlib.contextmanager
-def one_cpu_thread():
-    """Run CPU ops on one thread inside (restored after). The builders issue
-    thousands of medium-sized ops; with two threads each is an OpenMP
-    fork/join, and on a 2-core machine that other processes load, every join
-    can wait a time slice for the busy core. Measured at N = 1M (three
-    patterns, interleaved runs): one thread 0.3–3.0 s, two threads 0.3–12.6 s;
-    on a quiet machine two threads gain at most ~1.5×."""
-    threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads > 1:
-            torch.set_num_threads(threads)
-
-
-@one_cpu_thread()
 def build_block_lists(pattern: Pattern, num_heads: int, n: int, block_size: int, device=None,
                       transpose: bool = False, partial_only: bool = False) -> BlockLists:
     if n < 1 or block_size < 1:

@@ -12,7 +12,6 @@ from . import base
 from .base import BlockLists
 
 
-@base.one_cpu_thread()
 def transpose_lists(lists: BlockLists, cols: int) -> BlockLists:
     """The lists of the other orientation: row r lists column c iff column c
     of the result lists row r (``cols``: the column count, the result's rows)."""
