@@ -80,7 +80,7 @@ def part_mask(part: Part, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     same_segment = (q_idx // w) == (kv_idx // w)
     q_kept = (q_idx % w) % r == part.offset
     k_kept = (kv_idx % w) % r == part.offset
-    return in_heads & same_segment & q_kept & k_kept
+    return (in_heads & q_kept) & k_kept & same_segment  # small factors first: fewer full-size ops
 
 
 def multiplicity(parts: tuple[Part, ...], num_heads: int, n: int, causal: bool, device=None) -> Tensor:

@@ -158,22 +158,23 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     # A band takes only blocks most of whose keys the row attends; sparser
     # blocks (strided levels, dilated halves, short global prefixes) are
     # gathered token by token below.
-    dense = _dense_blocks(pattern, n, block_size, idx, valid_all, is_full)
-    calls, left = [], []  # left: (rows, idx, valid) of the blocks no band covers
+    need, dense = _dense_blocks(pattern, n, block_size, idx, valid_all, is_full)
+    calls, left = [], []  # left: (rows, idx, valid, need) of the blocks no band covers
     for c0, c1, kk in _banded(_band_keys(idx, dense), _chunks(counts, per_slot)):
         rows = torch.arange(c0, c1, device=idx.device)
         sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
-        band, rest, rest_valid = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
+        band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
         if band is not None:
             start, step, band_idx = band
             calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
                               is_full(rows, band_idx)))
-        if rest is not None:
-            left.append((rows, rest, rest_valid))
+        if slots is not None:
+            real, slots = slots < kk, slots.clamp(max=kk - 1)
+            rest_need = need[:, c0:c1].gather(2, slots[..., None].expand(*slots.shape, block_size))
+            left.append((rows, sub.gather(-1, slots), valid.gather(-1, slots) & real, rest_need))
     if left:
-        rows, rest, rest_valid = _stack(left)
-        need = _column_need(pattern, n, block_size, rows, rest, rest_valid, is_full(rows, rest) & rest_valid)
-        tok, tok_valid = _key_tokens(need, rest)
+        rows, rest, rest_valid, rest_need = _stack(left)
+        tok, tok_valid = _key_tokens(rest_need & rest_valid[..., None], rest)
         if tok_valid.sum() <= (1 - TOKEN_SAVING) * rest_valid.sum() * block_size:
             calls += _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)
         else:
@@ -181,18 +182,14 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     return GatherPlan(n, block_size, idx, pattern, calls, {})
 
 
-def _dense_blocks(pattern, n: int, bs: int, idx: Tensor, valid: Tensor, is_full) -> Tensor:
-    """(Hp, Qb, K) bool: listed block whose keys the row's queries attend more
-    than half of (of the block's tokens below N). Rows in pieces (memory)."""
-    dense = torch.zeros_like(valid)
-    step = max(1, _CHUNK_ELEMENTS // (idx.shape[0] * idx.shape[2] * bs))
-    for r0 in range(0, idx.shape[1], step):
-        rows = torch.arange(r0, min(r0 + step, idx.shape[1]), device=idx.device)
-        sub, ok = idx[:, rows], valid[:, rows]
-        need = _column_need(pattern, n, bs, rows, sub, ok, is_full(rows, sub) & ok)
-        tokens = (n - sub * bs).clamp(max=bs)  # the last block may be short
-        dense[:, rows] = ok & (2 * need.sum(-1) > tokens)
-    return dense
+def _dense_blocks(pattern, n: int, bs: int, idx: Tensor, valid: Tensor, is_full) -> tuple[Tensor, Tensor]:
+    """need (Hp, Qb, K, bs) (see _column_need) and dense (Hp, Qb, K): listed
+    blocks whose keys the row's queries attend more than half of (of the
+    block's tokens below N)."""
+    rows = torch.arange(idx.shape[1], device=idx.device)
+    need = _column_need(pattern, n, bs, rows, idx, valid, is_full(rows, idx) & valid)
+    tokens = (n - idx * bs).clamp(max=bs)  # the last block may be short
+    return need, valid & (2 * need.sum(-1) > tokens)
 
 
 def _band_keys(idx: Tensor, dense: Tensor) -> list:
@@ -217,7 +214,8 @@ def _split_band(idx: Tensor, valid: Tensor, dense: Tensor, rows: Tensor):
     that every row c lists blocks step·c + o .. + w − 1 in every head, all
     ``dense`` (a strided view, no gather) — and the remaining listed blocks,
     left-aligned.
-    Returns ((first block, step, band idx (Hp, C, w)) or None, rest idx or None, rest valid)."""
+    Returns ((first block, step, band idx (Hp, C, w)) or None, the rest's slots
+    (Hp, C, K') or None); a slot ≥ K marks padding."""
     best = (0, 0, 1)  # (o, w, step): the widest run, a sliding band preferred on ties
     for step in (1, 0):
         rel = idx - step * rows[:, None]
@@ -230,7 +228,7 @@ def _split_band(idx: Tensor, valid: Tensor, dense: Tensor, rows: Tensor):
                 best = (run[0], len(run), step)
     o, w, step = best
     if w < 2:
-        return None, idx, valid
+        return None, torch.arange(idx.shape[-1], device=idx.device).expand(idx.shape)
     rel = idx - step * rows[:, None]
     band = (step * rows[None, :, None] + o + torch.arange(w, device=idx.device)).expand(idx.shape[0], -1, -1)
     # One band call, masked where its blocks are partial: splitting off the full
@@ -238,18 +236,24 @@ def _split_band(idx: Tensor, valid: Tensor, dense: Tensor, rows: Tensor):
     rest = valid & ((rel < o) | (rel >= o + w))
     k_rest = int(rest.sum(-1).max())
     if not k_rest:
-        return (int(band[0, 0, 0]), step, band), None, None
+        return (int(band[0, 0, 0]), step, band), None
     order = torch.sort((~rest).to(torch.int8), dim=-1, stable=True).indices[..., :k_rest]
-    return (int(band[0, 0, 0]), step, band), idx.gather(-1, order), rest.gather(-1, order)
+    # Slots past a row's rest count point at band blocks: mark them out of range (invalid).
+    return (int(band[0, 0, 0]), step, band), torch.where(rest.gather(-1, order), order, idx.shape[-1])
 
 
-def _stack(left: list) -> tuple[Tensor, Tensor, Tensor]:
-    """[(rows (C,), idx (Hp, C, K), valid)] → one (rows, idx, valid), padded to the widest K."""
-    width = max(i.shape[-1] for _, i, _ in left)
-    rows = torch.cat([r for r, _, _ in left])
-    idx = torch.cat([torch.cat([i, i[..., -1:].expand(*i.shape[:-1], width - i.shape[-1])], -1) for _, i, _ in left], 1)
-    valid = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[-1])) for _, _, m in left], 1)
-    return rows, idx, valid
+def _stack(left: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """[(rows (C,), idx (Hp, C, K), valid, need (Hp, C, K, bs))] → one of each, padded to the widest K."""
+    width = max(i.shape[-1] for _, i, _, _ in left)
+
+    def pad(t, value):
+        return torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=value)
+
+    rows = torch.cat([r for r, _, _, _ in left])
+    idx = torch.cat([torch.cat([i, i[..., -1:].expand(*i.shape[:-1], width - i.shape[-1])], -1) for _, i, _, _ in left], 1)
+    valid = torch.cat([pad(m, False) for _, _, m, _ in left], 1)
+    need = torch.cat([pad(nd.transpose(-1, -2), False).transpose(-1, -2) for _, _, _, nd in left], 1)
+    return rows, idx, valid, need
 
 
 def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor) -> Tensor:
