@@ -377,22 +377,33 @@ def _keys(xb: Tensor, call: Call) -> Tensor:
     return _band_view(xb, call.idx.shape[1], call.idx.shape[-1], call.band, call.step)
 
 
+def _flat_rows(h: int, qb: int, rows: Tensor) -> Tensor:
+    """Row ids of (H·Qb) for the given per-head rows: index_select/index_copy on
+    dim 0 of a 2-D view is a row memcpy, ~18× faster on CPU than on dim 1."""
+    return (torch.arange(h, device=rows.device)[:, None] * qb + rows).flatten()
+
+
 def _rows(x: Tensor, call: Call) -> Tensor:
-    """x (H, Qb, ...) → the call's rows (H, C, ...): a slice, or a copy."""
+    """x (H, Qb, ...) contiguous → the call's rows (H, C, ...): a slice, or a copy."""
     if call.r0 is not None:
         return x[:, call.r0:call.r0 + call.rows.numel()]
-    return x.index_select(1, call.rows)
+    h, qb = x.shape[:2]
+    picked = x.reshape(h * qb, -1).index_select(0, _flat_rows(h, qb, call.rows))
+    return picked.view(h, call.rows.numel(), *x.shape[2:])
 
 
 def _put(x: Tensor, call: Call, value: Tensor, add: bool = False) -> None:
-    """Write (or add) value (H, C, ...) into the call's rows of x (H, Qb, ...)."""
+    """Write (or add) value (H, C, ...) into the call's rows of x (H, Qb, ...) (contiguous)."""
     if call.r0 is not None:
         dst = x[:, call.r0:call.r0 + call.rows.numel()]
         dst.add_(value) if add else dst.copy_(value)
-    elif add:
-        x.index_add_(1, call.rows, value)
+        return
+    h, qb = x.shape[:2]
+    flat, src = x.view(h * qb, -1), value.reshape(h * call.rows.numel(), -1)
+    if add:
+        flat.index_add_(0, _flat_rows(h, qb, call.rows), src)
     else:
-        x.index_copy_(1, call.rows, value)
+        flat.index_copy_(0, _flat_rows(h, qb, call.rows), src)
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -403,16 +414,14 @@ def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
 
 
 def _gather(xb: Tensor, idx: Tensor) -> Tensor:
-    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D) (index_select: a plain
-    copy loop, several times faster than advanced indexing on CPU). The kernel
-    sees H as its batch and the C query blocks as its heads, so q, the output
-    and the mask are plain slices — no transposes."""
+    """xb (H, nb, bs, D) contiguous, idx (Hp, C, K) → (H, C, K·bs, D), one
+    index_select over dim 0 of the (H·nb, bs·D) view (a memcpy per block). The
+    kernel sees H as its batch and the C query blocks as its heads, so q, the
+    output and the mask are plain slices — no transposes."""
     h, nb, bs, d = xb.shape
     _, c, k = idx.shape
-    if idx.shape[0] == 1:
-        return xb.index_select(1, idx[0].flatten()).view(h, c, k * bs, d)
     flat = (torch.arange(h, device=xb.device)[:, None] * nb + idx.flatten(1)).flatten()
-    return xb.reshape(h * nb, bs, d).index_select(0, flat).view(h, c, k * bs, d)
+    return xb.reshape(h * nb, bs * d).index_select(0, flat).view(h, c, k * bs, d)
 
 
 def _kernel_fwd(q, k, v, mask, scale):
