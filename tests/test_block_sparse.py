@@ -209,8 +209,10 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeypatch):
     """Blocks few of whose keys the row attends (strided levels, the other half
     of a dilated segment, a short global prefix) leave the band and are
-    gathered token by token — per head where the pattern depends on it — and
-    merged into the band rows; exact, outputs and gradients."""
+    gathered token by token — per head where the pattern depends on it, with
+    only the queries that attend them (repeated query slots must not count
+    twice in the backward) — and merged into the band rows; exact, outputs and
+    gradients."""
     from dilcompile.block_sparse import cache
     from dilcompile.block_sparse.impl import gather
     from dilcompile.patterns import causal as causal_of
@@ -225,8 +227,8 @@ def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeyp
     tokens = [c for c in plan.calls if c.tokens]
     assert tokens and any(c.band is not None for c in plan.calls)
     assert max(c.idx.shape[-1] for c in tokens) < 32 * plan.kv_indices.shape[-1]  # fewer keys than whole blocks
-    if name == "dilated":
-        assert all(c.idx.shape[0] == heads for c in tokens)  # head-dependent offsets: keys per head
+    if name == "dilated":  # head-dependent offsets: keys per head, and only the queries of the same residue
+        assert all(c.idx.shape[0] == heads for c in tokens) and any(c.qtok is not None for c in tokens)
     cache.clear()
     q, k, v = random_qkv(2, heads, n, 8, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")

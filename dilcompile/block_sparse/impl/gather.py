@@ -19,7 +19,7 @@ data-dependent pattern).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -50,7 +50,10 @@ class Call:
     (padding and repeats are masked out); ``full`` marks blocks whose every
     pair is allowed. A call with every slot valid and full runs unmasked.
     ``merge``: its rows may already hold a result (merge by log-sum-exp).
-    ``tokens``: ``idx`` lists key tokens, not blocks (always masked)."""
+    ``tokens``: ``idx`` lists key tokens, not blocks (``full``: every query
+    of the call attends that key). ``qtok`` (Hp, C, Lq): the call runs only
+    these query tokens of its rows (those attending any of its keys), padded
+    with repeats of a real one; ``qvalid`` marks the first occurrences."""
 
     rows: Tensor
     r0: int | None
@@ -61,10 +64,12 @@ class Call:
     valid: Tensor
     full: Tensor
     tokens: bool = False
+    qtok: Tensor | None = None
+    qvalid: Tensor | None = None
 
     @property
     def masked(self) -> bool:
-        return self.tokens or not bool((self.valid & self.full).all())
+        return not bool((self.valid & self.full).all())
 
 
 @dataclass
@@ -88,7 +93,8 @@ class GatherPlan:
 
     def mask_elements(self) -> int:
         bs = self.block_size
-        return sum(c.idx.numel() * bs * (1 if c.tokens else bs) for c in self.calls if c.masked)
+        return sum(c.idx.numel() * (bs if c.qtok is None else c.qtok.shape[-1]) * (1 if c.tokens else bs)
+                   for c in self.calls if c.masked)
 
     def token_mask(self, ci: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
         """Additive mask (Hp, C, bs, K·bs) of call ``ci``: 0 where allowed, −inf
@@ -121,10 +127,7 @@ class GatherPlan:
         dev = idx.device
         zero = torch.zeros((), dtype=torch.long, device=dev)
         if call.tokens:
-            q_idx = (call.rows * bs)[:, None, None] + torch.arange(bs, device=dev)[:, None]  # (C, bs, 1)
-            h = torch.arange(idx.shape[0], device=dev)[:, None, None, None]
-            kv_idx = idx[:, :, None, :]  # (Hp, C, 1, L)
-            return self.pattern.mask_mod(zero, h, q_idx, kv_idx) & call.valid[:, :, None, :] & (kv_idx < self.n)
+            return _token_allowed(self.pattern, self.n, bs, call)
         hp, c, k = idx.shape
         allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
         hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
@@ -135,6 +138,38 @@ class GatherPlan:
             ok = self.pattern.mask_mod(zero, hh[:, None, None], q_idx, kv_idx)
             allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
         return allowed.flatten(3, 4)
+
+
+def _token_allowed(pattern, n: int, bs: int, call: Call) -> Tensor:
+    """(Hp, C, Lq, L) bool mask of a token call (Lq = bs without ``qtok``)."""
+    dev = call.idx.device
+    if call.qtok is None:
+        q_idx = (call.rows * bs)[:, None, None] + torch.arange(bs, device=dev)[:, None]  # (C, bs, 1)
+    else:
+        q_idx = call.qtok[..., None]  # (Hp, C, Lq, 1)
+    h = torch.arange(call.idx.shape[0], device=dev)[:, None, None, None]
+    kv_idx = call.idx[:, :, None, :]  # (Hp, C, 1, L)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    return pattern.mask_mod(zero, h, q_idx, kv_idx) & call.valid[:, :, None, :] & (kv_idx < n)
+
+
+def _compress_queries(pattern, n: int, bs: int, call: Call) -> Call:
+    """A token call whose keys only some of its queries attend (the other
+    residues of a dilated segment) runs just those queries; a call whose every
+    query attends every key runs unmasked."""
+    allowed = _token_allowed(pattern, n, bs, call)  # (Hp, C, bs, L)
+    hp = allowed.shape[0]
+    q = ((call.rows * bs)[:, None] + torch.arange(bs, device=allowed.device)).expand(hp, -1, -1)
+    need = allowed.any(-1) & (q < n)
+    if need.sum() > 0.75 * need.numel():
+        return replace(call, full=allowed.all(-2) & call.valid)
+    width = max(1, int(need.sum(-1).max()))
+    order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices[..., :width]
+    qtok, qvalid = q.gather(-1, order), need.gather(-1, order)
+    qtok = torch.where(qvalid, qtok, qtok[..., :1])  # pad with the row's first needed query (or its first)
+    picked = replace(call, qtok=qtok, qvalid=qvalid)
+    full = _token_allowed(pattern, n, bs, picked).all(-2) & call.valid
+    return replace(picked, full=full)
 
 
 def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
@@ -176,7 +211,8 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         rows, rest, rest_valid, rest_need = _stack(left)
         tok, tok_valid = _key_tokens(rest_need & rest_valid[..., None], rest)
         if tok_valid.sum() <= (1 - TOKEN_SAVING) * rest_valid.sum() * block_size:
-            calls += _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)
+            calls += [_compress_queries(pattern, n, block_size, c)
+                      for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)]
         else:
             calls += _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
     return GatherPlan(n, block_size, idx, pattern, calls, {})
@@ -377,33 +413,42 @@ def _keys(xb: Tensor, call: Call) -> Tensor:
     return _band_view(xb, call.idx.shape[1], call.idx.shape[-1], call.band, call.step)
 
 
-def _flat_rows(h: int, qb: int, rows: Tensor) -> Tensor:
-    """Row ids of (H·Qb) for the given per-head rows: index_select/index_copy on
-    dim 0 of a 2-D view is a row memcpy, ~18× faster on CPU than on dim 1."""
-    return (torch.arange(h, device=rows.device)[:, None] * qb + rows).flatten()
+def _flat_rows(h: int, width: int, rows: Tensor) -> Tensor:
+    """Row ids of an (H·width, ·) view for per-head ids ``rows`` ((C,) or (Hp, C, L)):
+    index_select/index_copy on dim 0 of a 2-D view is a row memcpy, ~18× faster
+    on CPU than on dim 1."""
+    rows = rows.flatten(1) if rows.dim() > 1 else rows[None]
+    return (torch.arange(h, device=rows.device)[:, None] * width + rows).flatten()
 
 
 def _rows(x: Tensor, call: Call) -> Tensor:
-    """x (H, Qb, ...) contiguous → the call's rows (H, C, ...): a slice, or a copy."""
+    """x (H, Qb, bs, ...) contiguous → the call's queries (H, C, bs or Lq, ...):
+    a slice, or a copy."""
+    h, qb, bs = x.shape[:3]
+    if call.qtok is not None:
+        picked = x.reshape(h * qb * bs, -1).index_select(0, _flat_rows(h, qb * bs, call.qtok))
+        return picked.view(h, *call.qtok.shape[1:], *x.shape[3:])
     if call.r0 is not None:
         return x[:, call.r0:call.r0 + call.rows.numel()]
-    h, qb = x.shape[:2]
     picked = x.reshape(h * qb, -1).index_select(0, _flat_rows(h, qb, call.rows))
     return picked.view(h, call.rows.numel(), *x.shape[2:])
 
 
 def _put(x: Tensor, call: Call, value: Tensor, add: bool = False) -> None:
-    """Write (or add) value (H, C, ...) into the call's rows of x (H, Qb, ...) (contiguous)."""
-    if call.r0 is not None:
+    """Write (or add) value (H, C, bs or Lq, ...) into the call's queries of x
+    (H, Qb, bs, ...) (contiguous). Padded query slots (repeats) are written
+    twice with equal values; adding, the caller zeroes them."""
+    h, qb, bs = x.shape[:3]
+    if call.qtok is not None:
+        flat, ids = x.view(h * qb * bs, -1), _flat_rows(h, qb * bs, call.qtok)
+    elif call.r0 is not None:
         dst = x[:, call.r0:call.r0 + call.rows.numel()]
         dst.add_(value) if add else dst.copy_(value)
         return
-    h, qb = x.shape[:2]
-    flat, src = x.view(h * qb, -1), value.reshape(h * call.rows.numel(), -1)
-    if add:
-        flat.index_add_(0, _flat_rows(h, qb, call.rows), src)
     else:
-        flat.index_copy_(0, _flat_rows(h, qb, call.rows), src)
+        flat, ids = x.view(h * qb, -1), _flat_rows(h, qb, call.rows)
+    src = value.reshape(ids.numel(), -1)
+    flat.index_add_(0, ids, src) if add else flat.index_copy_(0, ids, src)
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -506,7 +551,10 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         slots = nb * bs // unit
         flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
         for i in range(b):
-            g_q, g_k, g_v = _kernel_bwd(_rows(dob[i], call), _rows(qb[i], call), _keys(kb[i], call),
+            do_i = _rows(dob[i], call)
+            if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
+                do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
+            g_q, g_k, g_v = _kernel_bwd(do_i, _rows(qb[i], call), _keys(kb[i], call),
                                         _keys(vb[i], call), _rows(ob[i], call), _rows(lb[i], call), mask, scale)
             _put(dq[i], call, g_q.to(acc), add=True)
             for dst, g in ((dk, g_k), (dv, g_v)):
