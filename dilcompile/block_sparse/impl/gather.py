@@ -7,8 +7,12 @@ share a run of blocks that slides with the row (local windows) or stays put
 blocks — no copy. Every other listed block is gathered (``index_select``)
 into ``(H, C, K·bs, D)``; those rows are grouped by how many blocks they list,
 so a call has no padding slots and, where its blocks are full, no mask
-(random blocks). A row that appears in two calls (band + leftover blocks)
-has the second merged into the first by log-sum-exp. On CPU the kernel is
+(random blocks). A band takes only blocks most of whose keys the row
+attends; from the sparser leftover blocks (strided levels, the other residue
+of a dilated segment, a short global prefix) only the attended key tokens are
+gathered, and only the queries that attend them run. A row that appears in
+two calls (band + leftover) has the second merged into the first by
+log-sum-exp. On CPU the kernel is
 ATen's flash attention (mask + log-sum-exp + backward); elsewhere an
 explicit-softmax kernel. The backward runs the kernel backward per call with
 the joint (out, lse) and scatter-adds dq, dk, dv. Pure tensor code, so it
@@ -18,6 +22,7 @@ data-dependent pattern).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 
@@ -192,10 +197,17 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     valid_all[..., 1:] = idx[..., 1:] != idx[..., :-1]  # padding repeats the last listed block
     # A band takes only blocks most of whose keys the row attends; sparser
     # blocks (strided levels, dilated halves, short global prefixes) are
-    # gathered token by token below.
-    need, dense = _dense_blocks(pattern, n, block_size, idx, valid_all, is_full)
+    # gathered token by token below. Key needs are kept per chunk (its own width).
+    chunks = _chunks(counts, per_slot)
+    needs, dense = [], torch.zeros_like(valid_all)
+    for c0, c1, kk in chunks:
+        rows = torch.arange(c0, c1, device=idx.device)
+        sub, ok = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
+        needs.append(_column_need(pattern, n, block_size, rows, sub, ok, is_full(rows, sub) & ok))
+        dense[:, c0:c1, :kk] = ok & (2 * needs[-1].sum(-1) > (n - sub * block_size).clamp(max=block_size))
+    starts = [c0 for c0, _, _ in chunks]
     calls, left = [], []  # left: (rows, idx, valid, need) of the blocks no band covers
-    for c0, c1, kk in _banded(_band_keys(idx, dense), _chunks(counts, per_slot)):
+    for c0, c1, kk in _banded(_band_keys(idx, dense), chunks):
         rows = torch.arange(c0, c1, device=idx.device)
         sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
         band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
@@ -204,8 +216,10 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
             calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
                               is_full(rows, band_idx)))
         if slots is not None:
+            ci = bisect.bisect_right(starts, c0) - 1
+            need = needs[ci][:, c0 - starts[ci]:c1 - starts[ci]]
             real, slots = slots < kk, slots.clamp(max=kk - 1)
-            rest_need = need[:, c0:c1].gather(2, slots[..., None].expand(*slots.shape, block_size))
+            rest_need = need.gather(2, slots[..., None].expand(*slots.shape, block_size))
             left.append((rows, sub.gather(-1, slots), valid.gather(-1, slots) & real, rest_need))
     if left:
         rows, rest, rest_valid, rest_need = _stack(left)
@@ -216,16 +230,6 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         else:
             calls += _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
     return GatherPlan(n, block_size, idx, pattern, calls, {})
-
-
-def _dense_blocks(pattern, n: int, bs: int, idx: Tensor, valid: Tensor, is_full) -> tuple[Tensor, Tensor]:
-    """need (Hp, Qb, K, bs) (see _column_need) and dense (Hp, Qb, K): listed
-    blocks whose keys the row's queries attend more than half of (of the
-    block's tokens below N)."""
-    rows = torch.arange(idx.shape[1], device=idx.device)
-    need = _column_need(pattern, n, bs, rows, idx, valid, is_full(rows, idx) & valid)
-    tokens = (n - idx * bs).clamp(max=bs)  # the last block may be short
-    return need, valid & (2 * need.sum(-1) > tokens)
 
 
 def _band_keys(idx: Tensor, dense: Tensor) -> list:
