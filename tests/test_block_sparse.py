@@ -187,7 +187,7 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     the key blocks (no gather); rows with more blocks (global tokens) add a
     gathered part merged by log-sum-exp. The sequence ends and non-contiguous
     inputs still match masked SDPA, outputs and gradients."""
-    from dilcompile.block_sparse.impl.gather import make_plan
+    from dilcompile.block_sparse.impl.plan import make_plan
     from dilcompile.patterns import causal as causal_of
 
     pattern = local_window(40) if name == "local_window" else global_local(40, 20)
@@ -214,15 +214,15 @@ def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeyp
     twice in the backward) — and merged into the band rows; exact, outputs and
     gradients."""
     from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import gather
+    from dilcompile.block_sparse.impl import plan as gather_plan
     from dilcompile.patterns import causal as causal_of
 
     if name == "dilated":  # chunks inside one segment at this small N (as at N = 16384 with 128-token blocks)
-        monkeypatch.setattr(gather, "_CHUNK_ELEMENTS", 1 << 16)
+        monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
     pattern = {"hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))), "dilated": dilated((128, 256), (1, 2)),
                "global_local": global_local(40, 10)}[name]
     n, heads = 1000, 3
-    plan = gather.make_plan((causal_of(pattern) if causal else pattern).with_heads(heads), heads, n, 32,
+    plan = gather_plan.make_plan((causal_of(pattern) if causal else pattern).with_heads(heads), heads, n, 32,
                             torch.device("cpu"))
     tokens = [c for c in plan.calls if c.tokens]
     assert tokens and any(c.band is not None for c in plan.calls)
@@ -241,14 +241,14 @@ def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch)
     """Chunks whose rows all list the same run of blocks (a dilated segment)
     read keys through a stride-0 view; small chunks force such runs at small N."""
     from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import gather
+    from dilcompile.block_sparse.impl import plan as gather_plan
     from dilcompile.patterns import causal as causal_of
 
-    monkeypatch.setattr(gather, "_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
     cache.clear()
     pattern = dilated((128, 256), (1, 2))
     n = 1000
-    plan = gather.make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32,
+    plan = gather_plan.make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32,
                             torch.device("cpu"))
     steps = {c.step for c in plan.calls if c.band is not None}
     assert steps == ({1} if causal else {0})  # causal prefixes tie: the sliding band is preferred

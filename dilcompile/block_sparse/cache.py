@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 import torch
 
-from .impl.gather import GatherPlan, make_plan
+from .impl.plan import GatherPlan, make_plan
 
 _MAX_ENTRIES = 16  # a gather plan may hold up to ~512 MB of cached mask
 _entries: OrderedDict = OrderedDict()

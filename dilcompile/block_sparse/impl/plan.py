@@ -1,0 +1,393 @@
+"""The block-gather backend's plan: which kernel calls one (pattern, N,
+block size, device, heads) takes.
+
+Rows (query blocks) whose lists share a run of dense blocks that slides with
+the row (local windows) or stays put (segments) get a band call: keys through
+an overlapping strided view, no copy. A block is dense when most of its keys,
+attended by some query of the row, take part; every other listed block is
+left over. Leftover blocks are gathered whole (random blocks: rows grouped by
+how many blocks they list, so a call has no padding slots and, where its
+blocks are full, no mask), or — when that drops a quarter of the keys —
+token by token, only the keys some query of the row attends (strided levels,
+the other residue of a dilated segment, a short global prefix), running only
+the queries that attend them. Calls whose rows already hold a band result
+merge into it by log-sum-exp. Token masks are built from ``mask_mod`` on
+partial blocks only, and cached while small.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+# Mask elements kept resident per plan; larger plans rebuild the mask per call.
+MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
+BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
+# Shortest run of banded rows worth its own kernel call (shorter runs stay in the gather chunk).
+MIN_BAND_ROWS = 4
+# Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
+_CHUNK_ELEMENTS = 1 << 24
+# Leftover keys are gathered token by token, not block by block, when that drops
+# at least this fraction of the gathered keys (keys no query of the row attends:
+# strided levels, global prefixes, 2-D neighbourhoods).
+TOKEN_SAVING = 0.25
+
+
+@dataclass
+class Call:
+    """One kernel call: query blocks ``rows`` (C,) attend key blocks ``idx``
+    (Hp, C, K). ``r0``: the rows are r0 .. r0 + C − 1 (plain slices) — else
+    they are picked with index_select. ``band`` = first key block of the first
+    row when row c's blocks are exactly band + step·c + 0..K−1, step 1 (a
+    sliding band) or 0 (every row the same run: segment patterns) (keys are
+    then an overlapping strided view, no gather); ``valid`` marks real slots
+    (padding and repeats are masked out); ``full`` marks blocks whose every
+    pair is allowed. A call with every slot valid and full runs unmasked.
+    ``merge``: its rows may already hold a result (merge by log-sum-exp).
+    ``tokens``: ``idx`` lists key tokens, not blocks (``full``: every query
+    of the call attends that key). ``qtok`` (Hp, C, Lq): the call runs only
+    these query tokens of its rows (those attending any of its keys), padded
+    with repeats of a real one; ``qvalid`` marks the first occurrences."""
+
+    rows: Tensor
+    r0: int | None
+    merge: bool
+    idx: Tensor
+    band: int | None
+    step: int
+    valid: Tensor
+    full: Tensor
+    tokens: bool = False
+    qtok: Tensor | None = None
+    qvalid: Tensor | None = None
+
+    @property
+    def masked(self) -> bool:
+        return not bool((self.valid & self.full).all())
+
+
+@dataclass
+class GatherPlan:
+    """What the gather backend needs for one (pattern, N, block size, device, heads)."""
+
+    n: int
+    block_size: int
+    kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
+    pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
+    calls: list  # [Call], in order: a merging call follows the calls that wrote its rows
+    masks: dict  # (call, dtype) → cached (additive mask (Hp, C, bs, K·bs), nonempty rows (Hp, C, bs))
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_indices.shape[1]
+
+    @property
+    def merges(self) -> bool:
+        return any(c.merge for c in self.calls)
+
+    def mask_elements(self) -> int:
+        bs = self.block_size
+        return sum(c.idx.numel() * (bs if c.qtok is None else c.qtok.shape[-1]) * (1 if c.tokens else bs)
+                   for c in self.calls if c.masked)
+
+    def token_mask(self, ci: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """Additive mask (Hp, C, bs, K·bs) of call ``ci``: 0 where allowed, −inf
+        elsewhere (broadcasts over heads when Hp = 1), None for an unmasked
+        call; and the rows with any allowed key (Hp, C, bs) (None: all).
+        Cached as floats when the plan's whole mask is small, as bools (4×
+        smaller, one cheap conversion per call) when it is moderate; rebuilt
+        per call beyond that."""
+        call = self.calls[ci]
+        if not call.masked:
+            return None, None
+        if (ci, dtype) in self.masks:
+            return self.masks[(ci, dtype)]
+        allowed = self.masks.get((ci, "bool"))
+        if allowed is None:
+            allowed = self._allowed(call)
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
+        whole = self.mask_elements()
+        if whole <= MASK_CACHE_ELEMENTS:
+            self.masks[(ci, dtype)] = got
+        elif whole <= BOOL_MASK_CACHE_ELEMENTS:
+            self.masks[(ci, "bool")] = allowed
+        return got
+
+    def _allowed(self, call: Call) -> Tensor:
+        """(Hp, C, bs, K·bs) bool. Full blocks are True and invalid slots False
+        without evaluating anything; ``mask_mod`` runs on partial blocks only."""
+        bs, idx = self.block_size, call.idx
+        dev = idx.device
+        zero = torch.zeros((), dtype=torch.long, device=dev)
+        if call.tokens:
+            return _token_allowed(self.pattern, self.n, bs, call)
+        hp, c, k = idx.shape
+        allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
+        hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
+        if hh.numel():
+            off = torch.arange(bs, device=dev)
+            q_idx = (call.rows[cc] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+            kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
+            ok = self.pattern.mask_mod(zero, hh[:, None, None], q_idx, kv_idx)
+            allowed[hh, cc, :, ss, :] = (ok & (kv_idx < self.n)).expand(-1, bs, bs)
+        return allowed.flatten(3, 4)
+
+
+def _token_allowed(pattern, n: int, bs: int, call: Call) -> Tensor:
+    """(Hp, C, Lq, L) bool mask of a token call (Lq = bs without ``qtok``)."""
+    dev = call.idx.device
+    if call.qtok is None:
+        q_idx = (call.rows * bs)[:, None, None] + torch.arange(bs, device=dev)[:, None]  # (C, bs, 1)
+    else:
+        q_idx = call.qtok[..., None]  # (Hp, C, Lq, 1)
+    h = torch.arange(call.idx.shape[0], device=dev)[:, None, None, None]
+    kv_idx = call.idx[:, :, None, :]  # (Hp, C, 1, L)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    return pattern.mask_mod(zero, h, q_idx, kv_idx) & call.valid[:, :, None, :] & (kv_idx < n)
+
+
+def _compress_queries(pattern, n: int, bs: int, call: Call) -> Call:
+    """A token call whose keys only some of its queries attend (the other
+    residues of a dilated segment) runs just those queries; a call whose every
+    query attends every key runs unmasked."""
+    allowed = _token_allowed(pattern, n, bs, call)  # (Hp, C, bs, L)
+    hp = allowed.shape[0]
+    q = ((call.rows * bs)[:, None] + torch.arange(bs, device=allowed.device)).expand(hp, -1, -1)
+    need = allowed.any(-1) & (q < n)
+    if need.sum() > 0.75 * need.numel():
+        return replace(call, full=allowed.all(-2) & call.valid)
+    width = max(1, int(need.sum(-1).max()))
+    order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices[..., :width]
+    qtok, qvalid = q.gather(-1, order), need.gather(-1, order)
+    qtok = torch.where(qvalid, qtok, qtok[..., :1])  # pad with the row's first needed query (or its first)
+    picked = replace(call, qtok=qtok, qvalid=qvalid)
+    full = _token_allowed(pattern, n, bs, picked).all(-2) & call.valid
+    return replace(picked, full=full)
+
+
+def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
+    lists = pattern.block_lists(num_heads, n, block_size, device)
+    idx = lists.indices.long()
+    counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
+    fidx, fnum = lists.full_indices.long(), lists.full_num.long()
+    nb = idx.shape[1]
+    per_slot = num_heads * block_size * block_size
+
+    def is_full(rows: Tensor, blocks: Tensor) -> Tensor:
+        """rows (C,), blocks (Hp, C, K) → (Hp, C, K): block in the row's (sorted) full
+        list; the last block is never full when N is not a multiple of the block size."""
+        f, fn = fidx[:, rows], fnum[:, rows]
+        pos = torch.searchsorted(f, blocks.contiguous()).clamp(max=f.shape[-1] - 1)
+        hit = (f.gather(-1, pos) == blocks) & (pos < fn[..., None])
+        return hit & ~((blocks == nb - 1) & (n % block_size != 0))
+
+    valid_all = torch.ones_like(idx, dtype=torch.bool)
+    valid_all[..., 1:] = idx[..., 1:] != idx[..., :-1]  # padding repeats the last listed block
+    # A band takes only blocks most of whose keys the row attends; sparser
+    # blocks (strided levels, dilated halves, short global prefixes) are
+    # gathered token by token below. Key needs are kept per chunk (its own width).
+    chunks = _chunks(counts, per_slot)
+    needs, dense = [], torch.zeros_like(valid_all)
+    for c0, c1, kk in chunks:
+        rows = torch.arange(c0, c1, device=idx.device)
+        sub, ok = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
+        needs.append(_column_need(pattern, n, block_size, rows, sub, ok, is_full(rows, sub) & ok))
+        dense[:, c0:c1, :kk] = ok & (2 * needs[-1].sum(-1) > (n - sub * block_size).clamp(max=block_size))
+    starts = [c0 for c0, _, _ in chunks]
+    calls, left = [], []  # left: (rows, idx, valid, need) of the blocks no band covers
+    for c0, c1, kk in _banded(_band_keys(idx, dense), chunks):
+        rows = torch.arange(c0, c1, device=idx.device)
+        sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
+        band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
+        if band is not None:
+            start, step, band_idx = band
+            calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
+                              is_full(rows, band_idx)))
+        if slots is not None:
+            ci = bisect.bisect_right(starts, c0) - 1
+            need = needs[ci][:, c0 - starts[ci]:c1 - starts[ci]]
+            real, slots = slots < kk, slots.clamp(max=kk - 1)
+            rest_need = need.gather(2, slots[..., None].expand(*slots.shape, block_size))
+            left.append((rows, sub.gather(-1, slots), valid.gather(-1, slots) & real, rest_need))
+    if left:
+        rows, rest, rest_valid, rest_need = _stack(left)
+        tok, tok_valid = _key_tokens(rest_need & rest_valid[..., None], rest)
+        if tok_valid.sum() <= (1 - TOKEN_SAVING) * rest_valid.sum() * block_size:
+            calls += [_compress_queries(pattern, n, block_size, c)
+                      for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)]
+        else:
+            calls += _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
+    return GatherPlan(n, block_size, idx, pattern, calls, {})
+
+
+def _band_keys(idx: Tensor, dense: Tensor) -> list:
+    """Per row c (head 0): (o, w) of its widest run of dense blocks c + o ..
+    c + o + w − 1, or None when no run reaches two blocks. Rows sharing a key
+    can share one band call (``_split_band`` checks every head)."""
+    blocks, d = idx[0], dense[0]
+    cont = torch.zeros_like(d)
+    cont[:, 1:] = (blocks[:, 1:] == blocks[:, :-1] + 1) & d[:, 1:] & d[:, :-1]
+    cur = d[:, 0].long()
+    best, end = cur.clone(), torch.zeros_like(cur)
+    for s in range(1, d.shape[1]):
+        cur = torch.where(cont[:, s], cur + 1, d[:, s].long())
+        better = cur > best
+        best, end = torch.where(better, cur, best), torch.where(better, s, end)
+    start = blocks.gather(1, (end - best + 1).clamp(min=0)[:, None])[:, 0] - torch.arange(len(blocks), device=idx.device)
+    return [(o, w) if w >= 2 else None for o, w in zip(start.tolist(), best.tolist())]
+
+
+def _split_band(idx: Tensor, valid: Tensor, dense: Tensor, rows: Tensor):
+    """Split a chunk's keys into a band — the widest run of offsets o..o+w−1 such
+    that every row c lists blocks step·c + o .. + w − 1 in every head, all
+    ``dense`` (a strided view, no gather) — and the remaining listed blocks,
+    left-aligned.
+    Returns ((first block, step, band idx (Hp, C, w)) or None, the rest's slots
+    (Hp, C, K') or None); a slot ≥ K marks padding."""
+    best = (0, 0, 1)  # (o, w, step): the widest run, a sliding band preferred on ties
+    for step in (1, 0):
+        rel = idx - step * rows[:, None]
+        cand = sorted(set(rel[0, 0][valid[0, 0]].tolist()))
+        present = [d for d in cand if bool(((rel == d) & dense).any(-1).all())]
+        run = []
+        for d in present:
+            run = run + [d] if run and d == run[-1] + 1 else [d]
+            if len(run) > best[1]:
+                best = (run[0], len(run), step)
+    o, w, step = best
+    if w < 2:
+        return None, torch.arange(idx.shape[-1], device=idx.device).expand(idx.shape)
+    rel = idx - step * rows[:, None]
+    band = (step * rows[None, :, None] + o + torch.arange(w, device=idx.device)).expand(idx.shape[0], -1, -1)
+    # One band call, masked where its blocks are partial: splitting off the full
+    # columns (an unmasked call) gains less than the extra merge costs on CPU.
+    rest = valid & ((rel < o) | (rel >= o + w))
+    k_rest = int(rest.sum(-1).max())
+    if not k_rest:
+        return (int(band[0, 0, 0]), step, band), None
+    order = torch.sort((~rest).to(torch.int8), dim=-1, stable=True).indices[..., :k_rest]
+    # Slots past a row's rest count point at band blocks: mark them out of range (invalid).
+    return (int(band[0, 0, 0]), step, band), torch.where(rest.gather(-1, order), order, idx.shape[-1])
+
+
+def _stack(left: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """[(rows (C,), idx (Hp, C, K), valid, need (Hp, C, K, bs))] → one of each, padded to the widest K."""
+    width = max(i.shape[-1] for _, i, _, _ in left)
+
+    def pad(t, value):
+        return torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=value)
+
+    rows = torch.cat([r for r, _, _, _ in left])
+    idx = torch.cat([torch.cat([i, i[..., -1:].expand(*i.shape[:-1], width - i.shape[-1])], -1) for _, i, _, _ in left], 1)
+    valid = torch.cat([pad(m, False) for _, _, m, _ in left], 1)
+    need = torch.cat([pad(nd.transpose(-1, -2), False).transpose(-1, -2) for _, _, _, nd in left], 1)
+    return rows, idx, valid, need
+
+
+def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor) -> Tensor:
+    """(Hp, R, K, bs) bool: key token j of listed block idx[h, r, s] is attended by
+    some query of row block rows[r]. Full blocks count whole; ``mask_mod`` runs
+    on partial blocks only, in pieces."""
+    hp, r, k = idx.shape
+    dev = idx.device
+    off = torch.arange(bs, device=dev)
+    need = valid[..., None].expand(hp, r, k, bs).clone()
+    hh, rr, ss = (valid & ~full).nonzero(as_tuple=True)
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    step = max(1, _CHUNK_ELEMENTS // (bs * bs))
+    for p0 in range(0, hh.numel(), step):
+        h, rw, sl = hh[p0:p0 + step], rr[p0:p0 + step], ss[p0:p0 + step]
+        q_idx = (rows[rw] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
+        kv_idx = (idx[h, rw, sl] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
+        ok = pattern.mask_mod(zero, h[:, None, None], q_idx, kv_idx) & (q_idx < n)
+        need[h, rw, sl] = ok.any(1) & (kv_idx[:, 0] < n)
+    return need
+
+
+def _key_tokens(need: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The needed key tokens (see _column_need) per (head, row): (Hp, R, L)
+    ascending (padding repeats the last) and valid (Hp, R, L)."""
+    bs = need.shape[-1]
+    need = need.flatten(2)
+    tokens = (idx[..., None] * bs + torch.arange(bs, device=idx.device)).flatten(2)
+    width = max(1, int(need.sum(-1).max()))
+    order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices[..., :width]
+    tok, tok_valid = tokens.gather(-1, order), need.gather(-1, order)
+    last = tok.gather(-1, (tok_valid.sum(-1, keepdim=True) - 1).clamp(min=0))
+    return torch.where(tok_valid, tok, last), tok_valid
+
+
+def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: bool, is_full) -> list[Call]:
+    """Calls for the keys outside bands: rows sorted by how many slots (blocks,
+    or tokens when ``is_full`` is None) they list, widest head, and cut where
+    that count changes — blocks: exactly, so a call pads no slots and runs
+    unmasked when its blocks are full; tokens (masked anyway): when padding
+    would pass an eighth of the call. ``valid`` slots come first in ``idx``."""
+    count = valid.sum(-1).amax(0)
+    order = torch.sort(count, stable=True).indices
+    rows, idx, valid, count = rows[order], idx[:, order], valid[:, order], count[order].tolist()
+    tolerance = 0.0 if is_full is not None else 0.125
+    calls, start = [], 0
+    while start < len(count):
+        end, total = start + 1, count[start]
+        while end < len(count):
+            c = count[end]
+            if (end + 1 - start) * c * per_slot > _CHUNK_ELEMENTS or (end + 1 - start) * c > (1 + tolerance) * (total + c):
+                break
+            end, total = end + 1, total + c
+        width = count[end - 1]
+        if width:
+            r = rows[start:end]
+            r0 = int(r[0])
+            contiguous = bool((r == torch.arange(r0, r0 + r.numel(), device=r.device)).all())
+            sub, sub_valid = idx[:, start:end, :width], valid[:, start:end, :width]
+            full = is_full(r, sub) if is_full is not None else torch.zeros_like(sub_valid)
+            calls.append(Call(r, r0 if contiguous else None, merge, sub, None, 1, sub_valid, full,
+                              tokens=is_full is None))
+        start = end
+    return calls
+
+
+def _banded(keys: list, chunks: list) -> list[tuple[int, int, int]]:
+    """Split each chunk into runs of at least MIN_BAND_ROWS rows with one band
+    key (see _band_keys) and the rest, so the sequence ends (shorter lists) do
+    not narrow the band of the rows between."""
+    out = []
+    for c0, c1, kk in chunks:
+        keys_c = keys[c0:c1]
+        r = rest = c0  # rest: first row not yet emitted (it goes to a gather chunk)
+        while r < c1:
+            e = r + 1
+            while e < c1 and keys_c[e - c0] == keys_c[r - c0]:
+                e += 1
+            if keys_c[r - c0] is not None and e - r >= MIN_BAND_ROWS:
+                if rest < r:
+                    out.append((rest, r, kk))
+                out.append((r, e, kk))
+                rest = e
+            r = e
+        if rest < c1:
+            out.append((rest, c1, kk))
+    return out
+
+
+def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
+    """Cut the query blocks into contiguous chunks, each padded to its widest
+    row: a chunk ends when its scores would pass _CHUNK_ELEMENTS or padding
+    would waste over a third of it (so a few wide rows — global tokens — do
+    not make every row wide)."""
+    chunks, r0, widest, total = [], 0, 0, 0
+    for r, c in enumerate(counts):
+        c = max(1, c)
+        rows = r - r0 + 1
+        wider = max(widest, c)
+        if r > r0 and (rows * wider * per_slot > _CHUNK_ELEMENTS or rows * wider > 1.5 * (total + c)):
+            chunks.append((r0, r, widest))
+            r0, wider, total = r, c, 0
+        widest, total = wider, total + c
+    chunks.append((r0, len(counts), widest))
+    return chunks
