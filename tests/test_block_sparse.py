@@ -69,10 +69,12 @@ def test_rows_with_no_key_output_zero_and_finite_gradients():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_low_precision_within_twice_plain_pytorch_error(dtype):
+@pytest.mark.parametrize("pattern", [union(local_window(20), random_blocks(0.2, 32, 0)), dilated((32, 128), (1, 4)),
+                                     hierarchical(((1, 8), (8, 4)))], ids=["union", "dilated", "hierarchical"])
+def test_low_precision_within_twice_plain_pytorch_error(dtype, pattern):
+    """Band, whole-block and token calls (per head, query-compressed) in low precision."""
     from dilcompile.patterns import causal as causal_of
 
-    pattern = union(local_window(20), random_blocks(0.2, 32, 0))
     q, k, v = random_qkv(1, 4, 300, 32, dtype=dtype)
     mask = causal_of(pattern).dense_mask(4, 300)
     out = block_sparse_attention(q, k, v, pattern, causal=True, block_size=32)
