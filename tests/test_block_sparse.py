@@ -187,8 +187,9 @@ def test_flex_cpu_counts_full_blocks_once():
 def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     """Rows listing blocks c + o + 0..K−1 run on an overlapping strided view of
     the key blocks (no gather); rows with more blocks (global tokens) add a
-    gathered part merged by log-sum-exp. The sequence ends and non-contiguous
-    inputs still match masked SDPA, outputs and gradients."""
+    gathered part merged by log-sum-exp; the band's mask is one row, broadcast.
+    The sequence ends and non-contiguous inputs still match masked SDPA,
+    outputs and gradients."""
     from dilcompile.block_sparse.impl.plan import make_plan
     from dilcompile.patterns import causal as causal_of
 
@@ -196,6 +197,9 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
     plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
     assert sum(c.rows.numel() for c in plan.calls if c.band is not None) >= plan.num_blocks - 4
+    # A window band's token mask is the same for every row (away from the ends): one row, broadcast.
+    masks = [plan.token_mask(i, torch.float64)[0] for i, c in enumerate(plan.calls) if c.band is not None and c.masked]
+    assert any(m.stride(1) == 0 for m in masks)
     if name == "global_local":  # the global key block of every row: gathered, merged into the band's result
         merged = torch.cat([c.rows for c in plan.calls if c.merge])
         assert merged.unique().numel() >= plan.num_blocks - 2 and all(c.band is None for c in plan.calls if c.merge)

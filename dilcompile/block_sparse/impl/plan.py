@@ -108,8 +108,17 @@ class GatherPlan:
         allowed = self.masks.get((ci, "bool"))
         if allowed is None:
             allowed = self._allowed(call)
+            if allowed.shape[1] > 1 and bool((allowed == allowed[:, :1]).all()):
+                # Every row the same (a window's band): one row, broadcast (stride 0)
+                # — the kernel reads one cache-resident mask instead of C of them.
+                allowed = allowed[:, :1].expand(allowed.shape)
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
+        if allowed.stride(1) == 0:  # one row, broadcast: convert that row only
+            row = allowed[:, :1]
+            got = (torch.where(row, zero, zero - float("inf")).expand(allowed.shape),
+                   row.any(-1).expand(allowed.shape[:-1]))
+        else:
+            got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
         whole = self.mask_elements()
         if whole <= MASK_CACHE_ELEMENTS:
             self.masks[(ci, dtype)] = got
@@ -199,7 +208,10 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         dense[:, c0:c1, :kk] = ok & (2 * needs[-1].sum(-1) > (n - sub * block_size).clamp(max=block_size))
     starts = [c0 for c0, _, _ in chunks]
     calls, left = [], []  # left: (rows, idx, valid, need) of the blocks no band covers
-    for c0, c1, kk in _banded(_band_keys(idx, dense), chunks):
+    keys = _band_keys(idx, dense)
+    if n % block_size:  # the short last row has a mask of its own: keep it out of the others' band call
+        keys[-1] = None
+    for c0, c1, kk in _banded(keys, chunks):
         rows = torch.arange(c0, c1, device=idx.device)
         sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
         band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
