@@ -49,20 +49,27 @@ def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mo
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the real op
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
-    ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
+def register_dilated_autograd(fwd_op, bwd_op) -> None:
+    """Autograd for a dilated forward op (q, k, v, segments, rates, mode, causal,
+    scale, key_padding_mask) → (out, lse), routed to ``bwd_op`` (grad_out,
+    grad_lse, q, k, v, out, lse, segments, rates, mode, causal, scale,
+    key_padding_mask) → (dq, dk, dv). Shared by the SDPA and Triton ops."""
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+        ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
+        ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
+        return dq, dk, dv, None, None, None, None, None, None
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = dilated_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-dilated_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_dilated_autograd(dilated_fwd, dilated_bwd)

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.library import custom_op, triton_op
 
 from ..dilated.impl.triton import dilated_backward_triton, dilated_forward_triton, interpreting
+from .ops import register_dilated_autograd
 
 
 # The interpreter runs kernels on real CPU tensors only, so nothing may trace
@@ -55,20 +56,4 @@ if interpreting():
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
-    ctx.set_materialize_grads(False)  # lse is usually unused: skip its term
-
-
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = dilated_triton_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-dilated_triton_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_dilated_autograd(dilated_triton_fwd, dilated_triton_bwd)
