@@ -75,14 +75,10 @@ class GatherPlan:
 
     n: int
     block_size: int
-    kv_indices: Tensor  # (Hp, Qb, K) long: listed key blocks (padding repeats the last)
+    num_blocks: int  # query (and key) blocks: ceil(N / block size)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
     calls: list  # [Call], in order: a merging call follows the calls that wrote its rows
     masks: dict  # (call, dtype) → cached (additive mask (Hp, C, bs, K·bs), nonempty rows (Hp, C, bs))
-
-    @property
-    def num_blocks(self) -> int:
-        return self.kv_indices.shape[1]
 
     @property
     def merges(self) -> bool:
@@ -171,11 +167,10 @@ def _compress_queries(pattern, n: int, bs: int, call: Call) -> Call:
         return replace(call, full=allowed.all(-2) & call.valid)
     width = max(1, int(need.sum(-1).max()))
     order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices[..., :width]
-    qtok, qvalid = q.gather(-1, order), need.gather(-1, order)
-    qtok = torch.where(qvalid, qtok, qtok[..., :1])  # pad with the row's first needed query (or its first)
-    picked = replace(call, qtok=qtok, qvalid=qvalid)
-    full = _token_allowed(pattern, n, bs, picked).all(-2) & call.valid
-    return replace(picked, full=full)
+    qvalid = need.gather(-1, order)
+    order = torch.where(qvalid, order, order[..., :1])  # pad with the row's first needed query (or its first)
+    picked = allowed.gather(2, order[..., None].expand(*order.shape, allowed.shape[-1]))  # (Hp, C, Lq, L)
+    return replace(call, qtok=q.gather(-1, order), qvalid=qvalid, full=picked.all(-2) & call.valid)
 
 
 def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
@@ -233,7 +228,7 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
                       for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)]
         else:
             calls += _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
-    return GatherPlan(n, block_size, idx, pattern, calls, {})
+    return GatherPlan(n, block_size, nb, pattern, calls, {})
 
 
 def _band_keys(idx: Tensor, dense: Tensor) -> list:
