@@ -124,16 +124,18 @@ def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
     return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
 
 
-def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> tuple[Tensor, Tensor]:
-    """Joint softmax of two disjoint key sets from their (out, lse); lse −inf
-    marks a row with no key there. A row with none in either stays (0, −inf)."""
+def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> None:
+    """Joint softmax of two disjoint key sets from their (out, lse), written
+    into (o_old, lse_old) in place; lse −inf marks a row with no key there. A
+    row with none in either stays (0, −inf). One lerp pass over the output —
+    the merge touches every merged row, so its passes count on CPU."""
     top = torch.maximum(lse, lse_old)
     top = torch.where(top.isfinite(), top, torch.zeros_like(top))
     w, w_old = (lse - top).exp(), (lse_old - top).exp()
     total = w + w_old
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    out = (o.to(o_old.dtype) * w[..., None] + o_old * w_old[..., None]) / safe[..., None]
-    return out, torch.where(total > 0, top + safe.log(), lse_old)
+    frac = torch.where(total > 0, w / total, torch.zeros_like(total))  # the new keys' share
+    o_old.lerp_(o.to(o_old.dtype), frac[..., None])
+    lse_old.copy_(torch.where(total > 0, top + total.log(), lse_old))
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
@@ -150,8 +152,12 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
             o, l = _kernel_fwd(_rows(qb[i], call), _keys(kb[i], call), _keys(vb[i], call), mask, scale)
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
-            if call.merge:
-                o, l = _merge_into(o, l, _rows(out[i], call), _rows(lse[i], call))
+            if call.merge:  # in place: into views of out and lse, or into copies written back
+                o_old, l_old = _rows(out[i], call), _rows(lse[i], call)
+                _merge_into(o, l, o_old, l_old)
+                if call.r0 is not None and call.qtok is None:
+                    continue
+                o, l = o_old, l_old
             _put(out[i], call, o)
             _put(lse[i], call, l)
     lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
