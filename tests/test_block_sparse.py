@@ -198,7 +198,7 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
     assert sum(c.rows.numel() for c in plan.calls if c.band is not None) >= plan.num_blocks - 4
     # A window band's token mask is the same for every row (away from the ends): one row, broadcast.
-    masks = [plan.token_mask(i, torch.float64)[0] for i, c in enumerate(plan.calls) if c.band is not None and c.masked]
+    masks = [plan.token_mask(c, torch.float64)[0] for c in plan.calls if c.band is not None and c.masked]
     assert any(m.stride(1) == 0 for m in masks)
     if name == "global_local":  # the global key block of every row: gathered, merged into the band's result
         merged = torch.cat([c.rows for c in plan.calls if c.merge])
@@ -208,6 +208,39 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32)
     ref = _sdpa_masked(q, k, v, pattern, causal)
     _assert_matches_with_grads(out, ref, q, k, v)
+
+
+@pytest.mark.parametrize("n", [1000, 1025])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["local_window", "global_local", "union"])
+def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, monkeypatch):
+    """A sliding band's rows are halved while each half's allowed keys fit a
+    narrower window sliding with it (down to MIN_SUB_ROWS queries; 8 here so
+    32-token blocks split twice). The windows stay inside the band, so keys of
+    the same rows held by other calls (random blocks next to the window) are
+    not counted twice: exact, outputs and gradients (the backward runs the
+    same pairs as whole rows)."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.patterns import causal as causal_of
+
+    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
+    pattern = {"local_window": local_window(56), "global_local": global_local(56, 20),
+               "union": union(local_window(56), random_blocks(0.2, 32, 1))}[name]
+    bound = (causal_of(pattern) if causal else pattern).with_heads(3)
+    plan = gather_plan.make_plan(bound, 3, n, 32, torch.device("cpu"))
+    split = [c for c in plan.calls if c.unit is not None]
+    assert split and {c.unit for c in split} == {8}
+    assert all(c.unit is None for c in plan.backward_calls)  # the backward runs whole rows (faster on CPU)
+    # fewer keys than the whole-block band (5 blocks, 160 keys): 8 queries see 8 + 2·56 = 120
+    assert all(c.idx.shape[-1] * c.unit < 160 for c in split)
+    if name == "union":
+        assert any(c.merge for c in plan.calls)  # random blocks beside the band: another call, merged
+    cache.clear()
+    q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
+    cache.clear()
+    _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -84,6 +84,14 @@ def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
     return x.unflatten(2, (nb, bs))
 
 
+def _in_units(unit: int | None, *xs: Tensor) -> tuple[Tensor, ...]:
+    """(B, H, nb, bs, ...) contiguous → (B, H, nb·bs/unit, unit, ...) views, for a
+    call whose rows are sub-blocks (``Call.unit``); unchanged when unit is None."""
+    if unit is None:
+        return xs
+    return tuple(x.view(*x.shape[:2], -1, unit, *x.shape[4:]) for x in xs)
+
+
 def _gather(xb: Tensor, idx: Tensor) -> Tensor:
     """xb (H, nb, bs, D) contiguous, idx (Hp, C, K) → (H, C, K·bs, D), one
     index_select over dim 0 of the (H·nb, bs·D) view (a memcpy per block). The
@@ -146,20 +154,21 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.zeros(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
-    for ci, call in enumerate(plan.calls):
-        mask, nonempty = plan.token_mask(ci, q.dtype)
+    for call in plan.calls:
+        mask, nonempty = plan.token_mask(call, q.dtype)
+        cq, ck, cv, cout, clse = _in_units(call.unit, qb, kb, vb, out, lse)
         for i in range(b):
-            o, l = _kernel_fwd(_rows(qb[i], call), _keys(kb[i], call), _keys(vb[i], call), mask, scale)
+            o, l = _kernel_fwd(_rows(cq[i], call), _keys(ck[i], call), _keys(cv[i], call), mask, scale)
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
             if call.merge:  # in place: into views of out and lse, or into copies written back
-                o_old, l_old = _rows(out[i], call), _rows(lse[i], call)
+                o_old, l_old = _rows(cout[i], call), _rows(clse[i], call)
                 _merge_into(o, l, o_old, l_old)
                 if call.r0 is not None and call.qtok is None:
                     continue
                 o, l = o_old, l_old
-            _put(out[i], call, o)
-            _put(lse[i], call, l)
+            _put(cout[i], call, o)
+            _put(clse[i], call, l)
     lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
     return out.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
@@ -176,19 +185,20 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     heads = torch.arange(h, device=q.device)[:, None, None]
-    for ci, call in enumerate(plan.calls):
-        mask, _ = plan.token_mask(ci, q.dtype)
+    for call in plan.backward_calls:
+        mask, _ = plan.token_mask(call, q.dtype)
         idx = call.idx
-        unit = 1 if call.tokens else bs  # keys per slot
+        unit = 1 if call.tokens else call.unit or bs  # keys per slot
         slots = nb * bs // unit
         flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
+        cq, ck, cv, cdo, co, cl, cdq = _in_units(call.unit, qb, kb, vb, dob, ob, lb, dq)
         for i in range(b):
-            do_i = _rows(dob[i], call)
+            do_i = _rows(cdo[i], call)
             if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(do_i, _rows(qb[i], call), _keys(kb[i], call),
-                                        _keys(vb[i], call), _rows(ob[i], call), _rows(lb[i], call), mask, scale)
-            _put(dq[i], call, g_q.to(acc), add=True)
+            g_q, g_k, g_v = _kernel_bwd(do_i, _rows(cq[i], call), _keys(ck[i], call),
+                                        _keys(cv[i], call), _rows(co[i], call), _rows(cl[i], call), mask, scale)
+            _put(cdq[i], call, g_q.to(acc), add=True)
             for dst, g in ((dk, g_k), (dv, g_v)):
                 src = g.to(acc).unflatten(2, (-1, unit)).flatten(0, 2)  # (H·C·K, unit, D)
                 dst[i].view(h * slots, unit, d).index_add_(0, flat, src)
