@@ -216,7 +216,7 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, monkeypatch):
     """A sliding band's rows are halved while each half's allowed keys fit a
     narrower window sliding with it (down to MIN_SUB_ROWS queries; 8 here so
-    32-token blocks split twice). The windows stay inside the band, so keys of
+    32-token blocks split twice); a single row's halves get a window each. The windows stay inside the band, so keys of
     the same rows held by other calls (random blocks next to the window) are
     not counted twice: exact, outputs and gradients (the backward runs the
     same pairs as whole rows)."""
@@ -233,7 +233,11 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     assert split and {c.unit for c in split} == {8}
     assert all(c.unit is None for c in plan.backward_calls)  # the backward runs whole rows (faster on CPU)
     # fewer keys than the whole-block band (5 blocks, 160 keys): 8 queries see 8 + 2·56 = 120
-    assert all(c.idx.shape[-1] * c.unit < 160 for c in split)
+    sliding = [c for c in split if c.rows.numel() > 1]
+    assert sliding and all(c.idx.shape[-1] * c.unit < 160 for c in sliding)
+    if name == "global_local" and not causal:  # the global query block: its global queries' own window (every key) ...
+        single = [c.idx.shape[-1] * c.unit for c in split if c.rows.numel() == 1 and c.r0 < 4]
+        assert max(single) >= n and min(single) < n  # ... and a narrower one for its local queries
     if name == "union":
         assert any(c.merge for c in plan.calls)  # random blocks beside the band: another call, merged
     cache.clear()
