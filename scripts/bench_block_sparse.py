@@ -1,6 +1,8 @@
 """Block-sparse attention benchmark: per pattern at one N, forward latency,
 density and η against dense SDPA measured in the same run; then the analytic
-block-mask build time and memory at N = 1,048,576.
+block-mask build time and memory at N = 1,048,576. The sweep runs ``--rounds``
+times (3), each with its own dense baseline; the table gives medians and η's
+range, so a machine whose speed drifts between minutes shows it.
 
 η = useful FLOP/s ÷ dense SDPA FLOP/s, useful FLOPs = 4·B·D·nnz (nnz: allowed
 (head, query, key) triples; dense: H·N², causal H·N(N+1)/2). The latency
@@ -8,7 +10,7 @@ points run through the profiler (``block-sparse:<spec>`` variants and the
 ``sdpa`` baseline): every point is a row of the run store (sweep_kind 'bench').
 
     PYTHONPATH=. python scripts/bench_block_sparse.py                   # N=16384, B=1, H=8, D=64
-    PYTHONPATH=. python scripts/bench_block_sparse.py --n 2048 --mask-n 65536 --repeats 2   # smoke
+    PYTHONPATH=. python scripts/bench_block_sparse.py --n 2048 --mask-n 65536 --repeats 2 --rounds 1   # smoke
 
 Prints two tables, then one JSON line.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,20 +79,30 @@ def sweep_doc(specs: list[str], args) -> dict:
             "grid": [{"variant": ["sdpa"] + [f"block-sparse:{s}" for s in specs]}]}
 
 
-def summarise(rows: list[dict], specs: list[str], args) -> tuple[list[str], list[list]]:
+def summarise(rounds: list[list[dict]], specs: list[str], args) -> tuple[list[str], list[list]]:
+    """One line per pattern: medians over the rounds (each round has its own
+    dense baseline, so η is a ratio taken minutes apart at most), and η's range."""
     from dilcompile.patterns import causal as causal_of
 
-    by = {r["variant"]: r for r in rows}
     table = []
     for spec in specs:
-        r = by.get(f"block-sparse:{spec}", {})
+        rs = [r for rows in rounds for r in rows if r["variant"] == f"block-sparse:{spec}"]
+        ok = [r for r in rs if r.get("status") == "ok"]
+        etas = [r["efficiency"] for r in ok if r.get("efficiency") is not None]
         pattern = from_spec(spec)
         nnz = pattern.nnz(args.heads, args.n, args.causal)
         lists = (causal_of(pattern) if args.causal else pattern).with_heads(args.heads).block_lists(args.heads, args.n)
-        table.append([spec, r.get("impl"), r.get("latency_ms"), nnz / (args.heads * args.n * args.n),
-                      float(lists.num.double().mean()) / lists.num.shape[1], r.get("useful_tflops"),
-                      r.get("efficiency"), r.get("status"), r.get("run_id")])
-    return ["pattern", "impl", "ms", "density", "block density", "TFLOP/s", "η", "status", "run_id"], table
+        table.append([spec, rs[-1].get("impl") if rs else None, _median([r["latency_ms"] for r in ok]),
+                      nnz / (args.heads * args.n * args.n), float(lists.num.double().mean()) / lists.num.shape[1],
+                      _median([r["useful_tflops"] for r in ok]), _median(etas),
+                      f"{min(etas):.2f}–{max(etas):.2f}" if etas else None, f"{len(ok)}/{len(rs)} ok",
+                      [r["run_id"] for r in rs]])
+    return ["pattern", "impl", "ms", "density", "block density", "TFLOP/s", "η", "η range", "status",
+            "run_ids"], table
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def main(argv=None) -> int:
@@ -105,6 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--patterns", nargs="*", default=DEFAULT_SPECS, help="pattern specs")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed calls per point, at most")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="whole sweeps (each with its own dense baseline); the tables give medians over them")
     p.add_argument("--max-time", type=float, default=20.0, help="seconds of timed work per point, at most")
     p.add_argument("--mask-n", type=int, default=1 << 20, help="N of the mask-build measurement (0: skip)")
     p.add_argument("--db", default=DEFAULT_DB)
@@ -117,15 +132,20 @@ def main(argv=None) -> int:
     print(f"block-sparse vs dense SDPA on {device}: B={args.batch} H={args.heads} N={args.n} D={args.head_dim} "
           f"{args.dtype} {args.pass_}{' causal' if args.causal else ''}; {len(spec.points)} points → {args.db}",
           file=sys.stderr)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rounds = []
     try:
-        rows = run_sweep(spec, args.db, kind="bench")
+        for i in range(args.rounds):
+            print(f"round {i + 1}/{args.rounds}", file=sys.stderr)
+            rounds.append(run_sweep(spec, args.db, kind="bench"))
     except StoreError as exc:
         print(f"bench_block_sparse: error: {exc}", file=sys.stderr)
         return 1
-    dense = next((r for r in rows if r["variant"] == "sdpa"), {})
-    names, table = summarise(rows, specs, args)
-    print(f"dense SDPA {dense.get('latency_ms') or float('nan'):.1f} ms = "
-          f"{dense.get('useful_tflops') or float('nan'):.3f} TFLOP/s")
+    dense = [r["latency_ms"] for rows in rounds for r in rows if r["variant"] == "sdpa" and r["status"] == "ok"]
+    names, table = summarise(rounds, specs, args)
+    print(f"dense SDPA {' / '.join(f'{ms:.1f}' for ms in dense)} ms ({args.rounds} round(s)); "
+          "pattern columns: medians over the rounds")
     print(render(names[:-1], [t[:-1] for t in table]))
 
     builds = [mask_build(s, args.mask_n, 128, args.heads) for s in args.patterns] if args.mask_n else []
@@ -136,7 +156,7 @@ def main(argv=None) -> int:
                       for b in builds]))
     print(json.dumps({"bench": "block_sparse", "device": device, "dtype": args.dtype, "batch": args.batch,
                       "heads": args.heads, "seq_len": args.n, "head_dim": args.head_dim, "causal": args.causal,
-                      "pass": args.pass_, "dense_ms": dense.get("latency_ms"),
+                      "pass": args.pass_, "rounds": args.rounds, "dense_ms": dense,
                       "patterns": [dict(zip(names, t)) for t in table], "mask_build": builds}, default=str))
     return 0
 

@@ -1,4 +1,4 @@
-"""Smoke run of scripts/bench_block_sparse.py: rows in the store (with η), two tables, one JSON line."""
+"""Smoke run of scripts/bench_block_sparse.py: two rounds of rows in the store (with η), two tables, one JSON line."""
 
 import json
 import subprocess
@@ -18,14 +18,17 @@ def test_bench_block_sparse_smoke(tmp_path):
     db = tmp_path / "runs.duckdb"
     specs = ["local_window(window=32)", "random_blocks(density=0.25,block_size=128)"]
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_block_sparse.py"), "--n", "512", "--heads", "2",
-                           "--head-dim", "16", "--repeats", "2", "--max-time", "0.05", "--mask-n", "4096",
+                           "--head-dim", "16", "--repeats", "2", "--max-time", "0.05", "--mask-n", "4096", "--rounds", "2",
                            "--db", str(db), "--patterns", *specs],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["pattern"] for r in summary["patterns"]] == specs
-    assert all(r["η"] > 0 and r["status"] == "ok" and 0 < r["density"] < 1 for r in summary["patterns"])
+    assert all(r["η"] > 0 and r["status"] == "2/2 ok" and 0 < r["density"] < 1 for r in summary["patterns"])
+    assert all(len(r["run_ids"]) == 2 and r["η range"] for r in summary["patterns"]) and len(summary["dense_ms"]) == 2
     assert [b["n"] for b in summary["mask_build"]] == [4096, 4096]
-    _, rows = store.query(db, "SELECT variant, status, sweep_kind, efficiency IS NOT NULL FROM runs ORDER BY variant")
-    assert rows == [(f"block-sparse:{specs[0]}", "ok", "bench", True), (f"block-sparse:{specs[1]}", "ok", "bench", True),
-                    ("sdpa", "ok", "bench", True)]  # the baseline itself: η = 1
+    _, rows = store.query(db, "SELECT variant, status, sweep_kind, efficiency IS NOT NULL, count(DISTINCT sweep_id) "
+                              "FROM runs GROUP BY ALL ORDER BY variant")
+    assert rows == [(f"block-sparse:{specs[0]}", "ok", "bench", True, 2),
+                    (f"block-sparse:{specs[1]}", "ok", "bench", True, 2),
+                    ("sdpa", "ok", "bench", True, 2)]  # a baseline per round (η = 1), each its own sweep
