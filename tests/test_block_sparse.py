@@ -189,7 +189,8 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     the key blocks (no gather); rows with more blocks (global tokens) add a
     gathered part merged by log-sum-exp; the band's mask is one row, broadcast.
     The sequence ends and non-contiguous inputs still match masked SDPA,
-    outputs and gradients."""
+    outputs and gradients, also with the output left unfilled before the
+    calls when they write every query."""
     from dilcompile.block_sparse.impl.plan import make_plan
     from dilcompile.patterns import causal as causal_of
 
@@ -197,6 +198,8 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
     plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
     assert sum(c.rows.numel() for c in plan.calls if c.band is not None) >= plan.num_blocks - 4
+    # every query is written by a call that does not merge: the output starts uninitialised (no fill)
+    assert plan.writes_every_row == (not causal)  # causal: row 0 has one block, no band (a merging call)
     # A window band's token mask is the same for every row (away from the ends): one row, broadcast.
     masks = [plan.token_mask(c, torch.float64)[0] for c in plan.calls if c.band is not None and c.masked]
     assert any(m.stride(1) == 0 for m in masks)

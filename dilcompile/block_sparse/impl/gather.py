@@ -152,7 +152,8 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.zeros(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
+    new = torch.empty if plan.writes_every_row else torch.zeros  # a fill is a pass over the output
+    out = new(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
     for call in plan.calls:
         mask, nonempty = plan.token_mask(call, q.dtype)

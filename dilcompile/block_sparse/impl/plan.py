@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -93,6 +94,17 @@ class GatherPlan:
     @property
     def merges(self) -> bool:
         return any(c.merge for c in self.calls)
+
+    @cached_property
+    def writes_every_row(self) -> bool:
+        """The calls that do not merge (they come first) write every query: the
+        output needs no zero fill before them."""
+        written = torch.zeros(self.num_blocks * self.block_size, dtype=torch.bool)
+        for c in self.calls:
+            if not c.merge and c.qtok is None:
+                unit = c.unit or self.block_size
+                written[(c.rows.cpu()[:, None] * unit + torch.arange(unit)).flatten()] = True
+        return bool(written.all())
 
     def mask_elements(self) -> int:
         calls = {c: None for c in self.calls + self.backward_calls if c.masked}
