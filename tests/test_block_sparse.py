@@ -215,7 +215,7 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 
 @pytest.mark.parametrize("n", [1000, 1025])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", ["local_window", "global_local", "union"])
+@pytest.mark.parametrize("name", ["local_window", "global_local", "union", "per_head"])
 def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, monkeypatch):
     """A sliding band's rows are halved while each half's allowed keys fit a
     narrower window sliding with it (down to MIN_SUB_ROWS queries; 8 here so
@@ -229,7 +229,8 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
 
     monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
     pattern = {"local_window": local_window(56), "global_local": global_local(56, 20),
-               "union": union(local_window(56), random_blocks(0.2, 32, 1))}[name]
+               "union": union(local_window(56), random_blocks(0.2, 32, 1)),
+               "per_head": union(global_local(56, 20), dilated((64, 256), (1, 4)))}[name]
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
     plan = gather_plan.make_plan(bound, 3, n, 32, torch.device("cpu"))
     split = [c for c in plan.calls if c.unit is not None]
@@ -237,7 +238,10 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     assert all(c.unit is None for c in plan.backward_calls)  # the backward runs whole rows (faster on CPU)
     # fewer keys than the whole-block band (5 blocks, 160 keys): 8 queries see 8 + 2·56 = 120
     sliding = [c for c in split if c.rows.numel() > 1]
-    assert sliding and all(c.idx.shape[-1] * c.unit < 160 for c in sliding)
+    if name == "per_head":  # head-dependent keys: single rows split, each sub-row's window spanning all heads
+        assert all(c.idx.shape[0] == 3 for c in split)
+    else:
+        assert sliding and all(c.idx.shape[-1] * c.unit < 160 for c in sliding)
     if name == "global_local" and not causal:  # the global query block: its global queries' own window (every key) ...
         single = [c.idx.shape[-1] * c.unit for c in split if c.rows.numel() == 1 and c.r0 < 4]
         assert max(single) >= n and min(single) < n  # ... and a narrower one for its local queries

@@ -283,8 +283,8 @@ def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
         width = int((hi - j - base).amax())
         if width < span and base >= 0 and base + sub - 1 + width <= span:  # one sliding window
             windows = [(call.band * sub + base, width, c * sub)]
-        elif c == 1 and int((hi - lo).sum()) < span * sub:  # one window per sub-row
-            windows = [(call.band * sub + int(lo[i]), int(hi[i] - lo[i]), 1) for i in range(sub)]
+        elif c == 1 and int((hi.amax(-1) - lo.amin(-1)).sum()) < span * sub:  # one window per sub-row (all heads)
+            windows = [(call.band * sub + int(lo[i].amin()), int(hi[i].amax() - lo[i].amin()), 1) for i in range(sub)]
         else:
             return [call]
         parts = []
