@@ -219,7 +219,9 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, monkeypatch):
     """A sliding band's rows are halved while each half's allowed keys fit a
     narrower window sliding with it (down to MIN_SUB_ROWS queries; 8 here so
-    32-token blocks split twice); a single row's halves get a window each. The windows stay inside the band, so keys of
+    32-token blocks split twice); a single row's halves get a window each.
+    (global_local: the global keys, the same for every row, run as one call
+    on stacked rows.) The windows stay inside the band, so keys of
     the same rows held by other calls (random blocks next to the window) are
     not counted twice: exact, outputs and gradients (the backward runs the
     same pairs as whole rows)."""
@@ -247,6 +249,8 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
         assert max(single) >= n and min(single) < n  # ... and a narrower one for its local queries
     if name == "union":
         assert any(c.merge for c in plan.calls)  # random blocks beside the band: another call, merged
+    if name == "global_local" and n % 32 == 0:  # every row's global keys: one copy, rows stacked as one run
+        assert any(c.shared and c.tokens and c.rows.numel() > 1 for c in plan.calls)
     cache.clear()
     q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
@@ -290,7 +294,9 @@ def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeyp
 @pytest.mark.parametrize("causal", [False, True])
 def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch):
     """Chunks whose rows all list the same run of blocks (a dilated segment)
-    read keys through a stride-0 view; small chunks force such runs at small N."""
+    read keys through a stride-0 view — one copy, the rows stacked as one
+    query run, consecutive chunks joined; small chunks force such runs at
+    small N."""
     from dilcompile.block_sparse import cache
     from dilcompile.block_sparse.impl import plan as gather_plan
     from dilcompile.patterns import causal as causal_of
@@ -303,6 +309,9 @@ def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch)
                             torch.device("cpu"))
     steps = {c.step for c in plan.calls if c.band is not None}
     assert steps == ({1} if causal else {0})  # causal prefixes tie: the sliding band is preferred
+    if not causal:  # a segment's rows share their keys: stacked into one query run, chunks joined
+        assert all(c.shared for c in plan.calls if c.band is not None)
+        assert max(c.rows.numel() for c in plan.calls if c.band is not None) * 8 * 3 * 32 * 32 > 1 << 16
     q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
     cache.clear()

@@ -31,12 +31,19 @@ def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
 
 
 def _keys(xb: Tensor, call: Call) -> Tensor:
+    """The call's keys (H, C, L, D) — (H, 1, L, D), one copy, when its rows share them."""
+    idx = call.idx[:, :1] if call.shared else call.idx
     if call.tokens:  # (H, nb·bs, D) rows picked per token
         h, nb, bs, d = xb.shape
-        return _gather(xb.view(h, nb * bs, 1, d), call.idx)
+        return _gather(xb.view(h, nb * bs, 1, d), idx)
     if call.band is None:
-        return _gather(xb, call.idx)
-    return _band_view(xb, call.idx.shape[1], call.idx.shape[-1], call.band, call.step)
+        return _gather(xb, idx)
+    return _band_view(xb, idx.shape[1], idx.shape[-1], call.band, call.step)
+
+
+def _one_run(x: Tensor, call: Call) -> Tensor:
+    """(H, C, L, ...) → (H, 1, C·L, ...): the rows of a call that share their keys, stacked."""
+    return x.reshape(x.shape[0], 1, -1, *x.shape[3:]) if call.shared else x
 
 
 def _flat_rows(h: int, width: int, rows: Tensor) -> Tensor:
@@ -159,7 +166,9 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
         mask, nonempty = plan.token_mask(call, q.dtype)
         cq, ck, cv, cout, clse = _in_units(call.unit, qb, kb, vb, out, lse)
         for i in range(b):
-            o, l = _kernel_fwd(_rows(cq[i], call), _keys(ck[i], call), _keys(cv[i], call), mask, scale)
+            qi = _rows(cq[i], call)
+            o, l = _kernel_fwd(_one_run(qi, call), _keys(ck[i], call), _keys(cv[i], call), mask, scale)
+            o, l = o.reshape(qi.shape), l.reshape(qi.shape[:-1])
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
             if call.merge:  # in place: into views of out and lse, or into copies written back
@@ -188,7 +197,7 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     heads = torch.arange(h, device=q.device)[:, None, None]
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
-        idx = call.idx
+        idx = call.idx[:, :1] if call.shared else call.idx
         unit = 1 if call.tokens else call.unit or bs  # keys per slot
         slots = nb * bs // unit
         flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
@@ -197,9 +206,10 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             do_i = _rows(cdo[i], call)
             if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(do_i, _rows(cq[i], call), _keys(ck[i], call),
-                                        _keys(cv[i], call), _rows(co[i], call), _rows(cl[i], call), mask, scale)
-            _put(cdq[i], call, g_q.to(acc), add=True)
+            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(cq[i], call), call), _keys(ck[i], call),
+                                        _keys(cv[i], call), _one_run(_rows(co[i], call), call),
+                                        _one_run(_rows(cl[i], call), call), mask, scale)
+            _put(cdq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
             for dst, g in ((dk, g_k), (dv, g_v)):
                 src = g.to(acc).unflatten(2, (-1, unit)).flatten(0, 2)  # (H·C·K, unit, D)
                 dst[i].view(h * slots, unit, d).index_add_(0, flat, src)

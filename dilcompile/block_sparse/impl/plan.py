@@ -56,7 +56,11 @@ class Call:
     these query tokens of its rows (those attending any of its keys), padded
     with repeats of a real one; ``qvalid`` marks the first occurrences.
     ``unit``: tokens per row and per key slot when not the plan's block size
-    (a band split into sub-rows: rows, idx and band count sub-blocks)."""
+    (a band split into sub-rows: rows, idx and band count sub-blocks).
+    ``shared``: every row attends the same keys (a segment's run of blocks, a
+    global prefix): the kernel runs the rows stacked as one long query run —
+    the CPU kernel tiles 256 queries from 768 on but 32 below 192 — and reads
+    (and, backward, sums gradients into) one copy of the keys."""
 
     rows: Tensor
     r0: int | None
@@ -70,6 +74,7 @@ class Call:
     qtok: Tensor | None = None
     qvalid: Tensor | None = None
     unit: int | None = None
+    shared: bool = False
 
     @property
     def masked(self) -> bool:
@@ -114,7 +119,8 @@ class GatherPlan:
     def token_mask(self, call: Call, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
         """Additive mask (Hp, C, bs, K·bs) of ``call``: 0 where allowed, −inf
         elsewhere (broadcasts over heads when Hp = 1), None for an unmasked
-        call; and the rows with any allowed key (Hp, C, bs) (None: all).
+        call — (Hp, 1, C·bs, K·bs), rows stacked, for a ``shared`` call; and
+        the rows with any allowed key (Hp, C, bs) (None: all).
         Cached as floats when the plan's whole mask is small, as bools (4×
         smaller, one cheap conversion per call) when it is moderate; rebuilt
         per call beyond that."""
@@ -136,6 +142,8 @@ class GatherPlan:
                    row.any(-1).expand(allowed.shape[:-1]))
         else:
             got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
+        if call.shared:
+            got = (got[0].reshape(got[0].shape[0], 1, -1, got[0].shape[-1]), got[1])
         whole = self.mask_elements()
         if whole <= MASK_CACHE_ELEMENTS:
             self.masks[(call, dtype)] = got
@@ -255,7 +263,30 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         else:
             rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
         calls, backward = calls + rest_calls, backward + rest_calls
+    calls, backward = (_share_keys(c, num_heads, block_size) for c in (calls, backward))
     return GatherPlan(n, block_size, nb, pattern, calls, backward)
+
+
+def _share_keys(calls: list[Call], num_heads: int, block_size: int) -> list[Call]:
+    """Mark calls whose rows all attend the same keys (``Call.shared``), and
+    join consecutive ones over one run of blocks (a segment's rows, cut into
+    chunks above) up to 4 chunks' worth of scores: one long query run."""
+    out = []
+    for call in calls:
+        call.shared = call.step == 0 if call.band is not None else bool((call.idx == call.idx[:, :1]).all())
+        prev = out[-1] if out else None
+        unit = call.unit or block_size
+        if (prev is not None and call.shared and prev.shared and call.band is not None and call.step == 0
+                and (prev.band, prev.step, prev.merge, prev.unit, prev.idx.shape[-1], prev.masked)
+                == (call.band, 0, call.merge, call.unit, call.idx.shape[-1], call.masked)
+                and prev.r0 is not None and call.r0 == prev.r0 + prev.rows.numel()
+                and (prev.rows.numel() + call.rows.numel()) * call.idx.shape[-1] * num_heads * unit * unit
+                <= 4 * _CHUNK_ELEMENTS):
+            out[-1] = replace(prev, rows=torch.cat([prev.rows, call.rows]), idx=torch.cat([prev.idx, call.idx], 1),
+                              valid=torch.cat([prev.valid, call.valid], 1), full=torch.cat([prev.full, call.full], 1))
+        else:
+            out.append(call)
+    return out
 
 
 def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
