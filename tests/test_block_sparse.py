@@ -259,6 +259,40 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["dilated", "global_local", "hierarchical", "union"])
+def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch):
+    """Off CPU the gather backend runs each call as an explicit softmax: on the
+    same plans (stacked rows sharing keys, sub-rows, token calls with picked
+    queries, merges) it matches the float64 reference, outputs and gradients."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import gather
+    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.patterns import causal as causal_of
+
+    monkeypatch.setattr(gather, "_kernel_fwd", gather._explicit_fwd)
+    monkeypatch.setattr(gather, "_kernel_bwd", gather._explicit_bwd)
+    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
+    if name == "dilated":  # chunks inside one segment, as at N = 16384 with 128-token blocks
+        monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
+    pattern = {"dilated": dilated((128, 256), (1, 2)), "global_local": global_local(56, 20),
+               "hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))),
+               "union": union(local_window(56), random_blocks(0.2, 32, 1))}[name]
+    bound = (causal_of(pattern) if causal else pattern).with_heads(3)
+    calls = gather_plan.make_plan(bound, 3, 1000, 32, torch.device("cpu")).calls
+    has = {"stacked": any(c.shared and c.rows.numel() > 1 for c in calls), "sub-rows": any(c.unit for c in calls),
+           "picked queries": any(c.qtok is not None for c in calls), "merges": any(c.merge for c in calls)}
+    want = {"dilated": {"picked queries", "merges"} | ({"stacked"} if not causal else set()),
+            "global_local": {"stacked", "sub-rows", "merges"}, "union": {"sub-rows", "merges"},
+            "hierarchical": {"sub-rows", "merges"} | ({"picked queries"} if not causal else set())}[name]
+    assert {k for k, v in has.items() if v} >= want
+    cache.clear()
+    q, k, v = random_qkv(2, 3, 1000, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
+    cache.clear()
+    _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["hierarchical", "dilated", "global_local"])
 def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeypatch):
     """Blocks few of whose keys the row attends (strided levels, the other half

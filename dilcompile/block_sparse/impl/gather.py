@@ -111,10 +111,23 @@ def _gather(xb: Tensor, idx: Tensor) -> Tensor:
 
 
 def _kernel_fwd(q, k, v, mask, scale):
+    """(out, lse) of one call: ATen's CPU flash attention on CPU, else the explicit softmax."""
     if q.device.type == "cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
                                                                      scale=scale)[:2]
         return out, lse
+    return _explicit_fwd(q, k, v, mask, scale)
+
+
+def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
+    return _explicit_bwd(do, q, k, v, out, lse, mask, scale)
+
+
+def _explicit_fwd(q, k, v, mask, scale):
+    """Softmax attention in matmuls (off CPU): the whole score matrix of the call at once."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
     if mask is not None:
@@ -124,10 +137,8 @@ def _kernel_fwd(q, k, v, mask, scale):
     return ((s - lse[..., None]).exp() @ v.to(acc)).to(q.dtype), lse
 
 
-def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
-    if q.device.type == "cpu":
-        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            do.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
+def _explicit_bwd(do, q, k, v, out, lse, mask, scale):
+    """dq, dk, dv of ``_explicit_fwd`` from the joint (out, lse)."""
     acc = lse.dtype
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
     if mask is not None:
