@@ -4,8 +4,9 @@ Each call gathers its keys — a strided band view, whole blocks, or single
 tokens (``index_select`` on dim 0 of 2-D views: a memcpy per block) — and its
 queries (slices, or picked rows/tokens), and runs one fused kernel: on CPU
 ATen's flash attention (mask + log-sum-exp + backward), elsewhere an
-explicit-softmax kernel. A call whose rows already hold a result merges into
-them by log-sum-exp. The backward runs the kernel backward per call with the
+explicit-softmax kernel; rows that share their keys run stacked as one
+query run. A call whose rows already hold a result merges into them by
+log-sum-exp. The backward runs the kernel backward per call with the
 joint (out, lse) and scatter-adds dq, dk, dv. Pure tensor code, so it also
 runs under autograd directly (``gather_attention_autograd``, used by the
 data-dependent pattern).

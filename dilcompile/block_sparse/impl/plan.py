@@ -13,6 +13,11 @@ the other residue of a dilated segment, a short global prefix), running only
 the queries that attend them. Calls whose rows already hold a band result
 merge into it by log-sum-exp. Token masks are built from ``mask_mod`` on
 partial blocks only, and cached while small.
+
+Two rules follow the CPU kernel's tiling, which is much faster on long query
+runs: rows that attend the same keys run stacked as one (``Call.shared``),
+and a sliding band's rows are halved while that narrows their key window
+(``_sub_rows``; the backward keeps whole rows).
 """
 
 from __future__ import annotations
