@@ -351,3 +351,23 @@ def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch)
     cache.clear()
     ref = _sdpa_masked(q, k, v, pattern, causal)
     _assert_matches_with_grads(out, ref, q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_plan_from_closed_form_key_needs_equals_the_pairwise_one(causal, monkeypatch):
+    """The plan asks ``attended_keys`` (per key) instead of evaluating every
+    pair of a partial block; the dilated pattern's closed form gives the very
+    same plan as the pairwise path."""
+    from dilcompile.block_sparse.impl.plan import make_plan
+    from dilcompile.patterns import causal as causal_of
+
+    pattern = dilated((128, 200, 256), (1, 3, 2))
+    bound = (causal_of(pattern) if causal else pattern).with_heads(3)
+
+    def calls(plan):
+        return [(c.rows.tolist(), c.idx.tolist(), c.valid.tolist(), c.full.tolist(),
+                 None if c.qtok is None else c.qtok.tolist()) for c in plan.calls]
+
+    fast = calls(make_plan(bound, 3, 1000, 32, torch.device("cpu")))
+    monkeypatch.setattr(type(pattern), "attended_keys", lambda self, *args: None)
+    assert fast == calls(make_plan(bound, 3, 1000, 32, torch.device("cpu")))

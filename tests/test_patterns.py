@@ -337,3 +337,25 @@ def test_hilbert_curve_by_sorting_cells_equals_walking_the_square():
         keep = (x < width) & (y < height)
         ys, xs = _curve(height, width)
         assert torch.equal(ys, y[keep]) and torch.equal(xs, x[keep]), (height, width)
+
+
+@pytest.mark.parametrize("pattern", [dilated((8, 32, 20), (1, 4, 3)), causal(dilated((8, 32), (1, 4))),
+                                     union(dilated((16, 48), (2, 3)), causal(dilated((24,), (4,))))])
+def test_attended_keys_closed_form_equals_any_query_of_mask_mod(pattern):
+    """``attended_keys`` (the gather plan's per-key shortcut) against mask_mod
+    over every query of random intervals, odd N, every head; patterns with no
+    closed form say None."""
+    heads, n = 4, 97
+    bound = pattern.with_heads(heads)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randint(0, n, (2, 200), generator=gen)
+    q_lo, q_hi = torch.minimum(a, b)[:, None], torch.maximum(a, b)[:, None]  # (R, 1)
+    q_hi[::7] = q_lo[::7] - 1  # some empty intervals
+    h = torch.randint(0, heads, (200, 1), generator=gen)
+    kv = torch.arange(n)[None, :]  # (1, N)
+    got = bound.attended_keys(h, q_lo, q_hi, kv)
+    q = torch.arange(n)[None, :, None]  # (1, N, 1): every query, then kept in each interval
+    inside = (q >= q_lo[:, :, None]) & (q <= q_hi[:, :, None])
+    want = (bound.mask_mod(torch.zeros(()), h[:, :, None], q, kv[:, None]) & inside).any(1)
+    assert got is not None and torch.equal(got, want)
+    assert union(local_window(3), bound).attended_keys(h, q_lo, q_hi, kv) is None

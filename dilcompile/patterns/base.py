@@ -101,6 +101,13 @@ class Pattern:
         blocks only. Default: the blocks of ``span``."""
         return span_candidates(self, rows, block_size, n, transpose)
 
+    def attended_keys(self, h: Tensor, q_lo: Tensor, q_hi: Tensor, kv_idx: Tensor) -> Tensor | None:
+        """Whether some query in ``[q_lo, q_hi]`` attends ``kv_idx`` (broadcast
+        index tensors; the interval may be empty), in closed form — or None
+        when the pattern has none; the gather plan then evaluates ``mask_mod``
+        on every (query, key) pair of a partial block."""
+        return None
+
     def with_heads(self, num_heads: int) -> Pattern:
         """The pattern specialised to ``num_heads`` heads (head-dependent patterns only)."""
         return self

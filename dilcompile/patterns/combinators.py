@@ -81,6 +81,15 @@ class union(_Combined):  # noqa: N801
             anyb, full = anyb | a, full | f
         return anyb, full
 
+    def attended_keys(self, h, q_lo, q_hi, kv_idx):
+        out = None  # some query attends the key in one child or another: an OR (intersection has no such form)
+        for p in self.patterns:
+            got = p.attended_keys(h, q_lo, q_hi, kv_idx)
+            if got is None:
+                return None
+            out = got if out is None else out | got
+        return out
+
 
 class intersection(_Combined):  # noqa: N801
     name = "intersection"
@@ -150,6 +159,9 @@ class causal(Pattern):  # noqa: N801
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
         a, f = self.pattern.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
         return a & (k_lo <= q_hi), f & (k_hi <= q_lo)
+
+    def attended_keys(self, h, q_lo, q_hi, kv_idx):
+        return self.pattern.attended_keys(h, torch.maximum(q_lo, kv_idx), q_hi, kv_idx)  # queries at or after the key
 
     def __repr__(self) -> str:
         return f"causal({self.pattern!r})"

@@ -54,6 +54,20 @@ class dilated(Pattern):  # noqa: N801
             allowed = m if allowed is None else allowed | m
         return allowed
 
+    def attended_keys(self, h, q_lo, q_hi, kv_idx):
+        """Per part: the key is kept, and the query interval, cut to the key's
+        segment, holds a kept row — the first row at or after its start with
+        the part's residue."""
+        out = None
+        for part in self._parts():
+            w, r, o = part.segment, part.rate, part.offset
+            seg = (kv_idx // w) * w
+            lo, hi = torch.maximum(q_lo, seg), torch.minimum(q_hi, seg + w - 1)
+            first = lo + (o - (lo - seg)) % r  # the first kept row at or after lo
+            m = (h >= part.h0) & (h < part.h1) & ((kv_idx - seg) % r == o) & (first <= hi)
+            out = m if out is None else out | m
+        return out
+
     def span(self, lo, hi, n, transpose=False):
         # Partners share a segment of some branch: the hull of the rows' segments over all branches.
         b_lo = torch.stack([(lo // w) * w for w in self.segment_lengths]).amin(0)

@@ -405,8 +405,9 @@ def _stack(left: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor) -> Tensor:
     """(Hp, R, K, bs) bool: key token j of listed block idx[h, r, s] is attended by
-    some query of row block rows[r]. Full blocks count whole; ``mask_mod`` runs
-    on partial blocks only, in pieces."""
+    some query of row block rows[r]. Full blocks count whole; partial blocks
+    ask the pattern's closed form (``attended_keys``: per key, not per pair),
+    else evaluate ``mask_mod`` on their pairs, in pieces."""
     hp, r, k = idx.shape
     dev = idx.device
     off = torch.arange(bs, device=dev)
@@ -416,10 +417,13 @@ def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Ten
     step = max(1, _CHUNK_ELEMENTS // (bs * bs))
     for p0 in range(0, hh.numel(), step):
         h, rw, sl = hh[p0:p0 + step], rr[p0:p0 + step], ss[p0:p0 + step]
-        q_idx = (rows[rw] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
-        kv_idx = (idx[h, rw, sl] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
-        ok = pattern.mask_mod(zero, h[:, None, None], q_idx, kv_idx) & (q_idx < n)
-        need[h, rw, sl] = ok.any(1) & (kv_idx[:, 0] < n)
+        kv_idx = (idx[h, rw, sl] * bs)[:, None] + off[None, :]  # (P, bs)
+        q_lo = (rows[rw] * bs)[:, None]  # (P, 1): the row's queries q_lo .. q_lo + bs − 1 (< n)
+        got = pattern.attended_keys(h[:, None], q_lo, (q_lo + bs - 1).clamp(max=n - 1), kv_idx)
+        if got is None:  # no closed form: every (query, key) pair of the block
+            q_idx = q_lo[:, :, None] + off[None, :, None]  # (P, bs, 1)
+            got = (pattern.mask_mod(zero, h[:, None, None], q_idx, kv_idx[:, None]) & (q_idx < n)).any(1)
+        need[h, rw, sl] = got & (kv_idx < n)
     return need
 
 
