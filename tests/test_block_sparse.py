@@ -84,6 +84,32 @@ def test_low_precision_within_twice_plain_pytorch_error(dtype, pattern):
     assert_within_low_precision_budget(out, plain, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["global_local", "dilated"])
+def test_low_precision_stacked_rows_and_sub_rows(dtype, name, monkeypatch):
+    """Stacked rows (shared keys), sub-rows and single-row windows in low
+    precision, batch 2: within the 2× rule of plain PyTorch's error."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import plan as gather_plan
+
+    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
+    monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
+    pattern = global_local(56, 20) if name == "global_local" else dilated((128, 256), (1, 2))
+    bound = pattern.with_heads(4)
+    calls = gather_plan.make_plan(bound, 4, 1000, 32, torch.device("cpu")).calls
+    assert any(c.shared and c.rows.numel() > 1 for c in calls)
+    assert any(c.unit for c in calls) == (name == "global_local")
+    cache.clear()
+    q, k, v = random_qkv(2, 4, 1000, 32, dtype=dtype)
+    out = block_sparse_attention(q, k, v, pattern, block_size=32, impl="gather")
+    cache.clear()
+    mask = bound.dense_mask(4, 1000)
+    ref = _sdpa_masked(q.double(), k.double(), v.double(), pattern, False)
+    s = (q @ k.transpose(-1, -2)) * 32 ** -0.5
+    plain = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0) @ v
+    assert_within_low_precision_budget(out, plain, ref)
+
+
 @pytest.fixture
 def fresh_dynamo():
     torch._dynamo.reset()
