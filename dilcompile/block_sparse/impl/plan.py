@@ -279,19 +279,24 @@ def _share_keys(calls: list[Call], num_heads: int, block_size: int) -> list[Call
     out = []
     for call in calls:
         call.shared = call.step == 0 if call.band is not None else bool((call.idx == call.idx[:, :1]).all())
-        prev = out[-1] if out else None
-        unit = call.unit or block_size
-        if (prev is not None and call.shared and prev.shared and call.band is not None and call.step == 0
-                and (prev.band, prev.step, prev.merge, prev.unit, prev.idx.shape[-1], prev.masked)
-                == (call.band, 0, call.merge, call.unit, call.idx.shape[-1], call.masked)
-                and prev.r0 is not None and call.r0 == prev.r0 + prev.rows.numel()
-                and (prev.rows.numel() + call.rows.numel()) * call.idx.shape[-1] * num_heads * unit * unit
-                <= 4 * _CHUNK_ELEMENTS):
+        if out and _joinable(out[-1], call, num_heads * (call.unit or block_size) ** 2):
+            prev = out[-1]
             out[-1] = replace(prev, rows=torch.cat([prev.rows, call.rows]), idx=torch.cat([prev.idx, call.idx], 1),
                               valid=torch.cat([prev.valid, call.valid], 1), full=torch.cat([prev.full, call.full], 1))
         else:
             out.append(call)
     return out
+
+
+def _joinable(prev: Call, call: Call, per_slot: int) -> bool:
+    """``call`` continues ``prev``'s rows over the same fixed run of blocks, alike
+    in every other respect, and the joined scores stay within 4 chunks."""
+    same_run = prev.shared and call.shared and call.band is not None and call.step == 0
+    alike = ((prev.band, prev.step, prev.merge, prev.unit, prev.idx.shape[-1], prev.masked)
+             == (call.band, 0, call.merge, call.unit, call.idx.shape[-1], call.masked))
+    next_rows = prev.r0 is not None and call.r0 == prev.r0 + prev.rows.numel()
+    small = (prev.rows.numel() + call.rows.numel()) * call.idx.shape[-1] * per_slot <= 4 * _CHUNK_ELEMENTS
+    return same_run and alike and next_rows and small
 
 
 def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
