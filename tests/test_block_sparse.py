@@ -310,7 +310,7 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
     want = {"dilated": {"picked queries", "merges"} | ({"stacked"} if not causal else set()),
             "global_local": {"stacked", "sub-rows", "merges"}, "union": {"sub-rows", "merges"},
             "hierarchical": {"sub-rows", "merges"} | ({"picked queries"} if not causal else set())}[name]
-    assert {k for k, v in has.items() if v} >= want
+    assert {feature for feature, present in has.items() if present} >= want
     cache.clear()
     q, k, v = random_qkv(2, 3, 1000, 8, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
