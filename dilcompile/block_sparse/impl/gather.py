@@ -210,18 +210,17 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
         idx = call.idx[:, :1] if call.shared else call.idx
-        unit = 1 if call.tokens else call.unit or bs  # keys per slot
+        unit = 1 if call.tokens else bs  # keys per slot (backward calls are whole rows: no sub-rows)
         slots = nb * bs // unit
         flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
-        cq, ck, cv, cdo, co, cl, cdq = _in_units(call.unit, qb, kb, vb, dob, ob, lb, dq)
         for i in range(b):
-            do_i = _rows(cdo[i], call)
+            do_i = _rows(dob[i], call)
             if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(cq[i], call), call), _keys(ck[i], call),
-                                        _keys(cv[i], call), _one_run(_rows(co[i], call), call),
-                                        _one_run(_rows(cl[i], call), call), mask, scale)
-            _put(cdq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
+            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(qb[i], call), call), _keys(kb[i], call),
+                                        _keys(vb[i], call), _one_run(_rows(ob[i], call), call),
+                                        _one_run(_rows(lb[i], call), call), mask, scale)
+            _put(dq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
             for dst, g in ((dk, g_k), (dv, g_v)):
                 src = g.to(acc).unflatten(2, (-1, unit)).flatten(0, 2)  # (H·C·K, unit, D)
                 dst[i].view(h * slots, unit, d).index_add_(0, flat, src)

@@ -238,8 +238,7 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         needs.append(_column_need(pattern, n, block_size, rows, sub, ok, is_full(rows, sub) & ok))
         dense[:, c0:c1, :kk] = ok & (2 * needs[-1].sum(-1) > (n - sub * block_size).clamp(max=block_size))
     starts = [c0 for c0, _, _ in chunks]
-    calls, left = [], []  # left: (rows, idx, valid, need) of the blocks no band covers
-    backward = []  # the band calls as the backward runs them: whole rows
+    calls, left = [], []  # calls of whole rows; left: (rows, idx, valid, need) of the blocks no band covers
     keys = _band_keys(idx, dense)
     if n % block_size:  # the short last row has a mask of its own: keep it out of the others' band call
         keys[-1] = None
@@ -249,10 +248,8 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
         if band is not None:
             start, step, band_idx = band
-            call = Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
-                        is_full(rows, band_idx))
-            calls += _sub_rows(pattern, n, block_size, call) if step == 1 else [call]
-            backward.append(call)
+            calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
+                              is_full(rows, band_idx)))
         if slots is not None:
             ci = bisect.bisect_right(starts, c0) - 1
             need = needs[ci][:, c0 - starts[ci]:c1 - starts[ci]]
@@ -267,9 +264,12 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
                           for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)]
         else:
             rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
-        calls, backward = calls + rest_calls, backward + rest_calls
-    calls, backward = (_share_keys(c, num_heads, block_size) for c in (calls, backward))
-    return GatherPlan(n, block_size, nb, pattern, calls, backward)
+        calls += rest_calls
+    backward = _share_keys(calls, num_heads, block_size)
+    # The forward splits sliding bands into sub-rows; the backward keeps whole rows.
+    forward = [part for c in backward
+               for part in (_sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 else [c])]
+    return GatherPlan(n, block_size, nb, pattern, forward, backward)
 
 
 def _share_keys(calls: list[Call], num_heads: int, block_size: int) -> list[Call]:
@@ -299,7 +299,7 @@ def _joinable(prev: Call, call: Call, per_slot: int) -> bool:
     return same_run and alike and next_rows and small
 
 
-def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
+def _sub_rows(pattern, n: int, bs: int, call: Call, allowed: Tensor | None = None) -> list[Call]:
     """A band call with its rows halved (down to MIN_SUB_ROWS queries) where
     that narrows their keys. Rows of a sliding band: while every sub-row's
     allowed keys fit one window that slides with it — a 256-token local window
@@ -308,8 +308,9 @@ def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
     its own window — a global query block's 64 global queries see every key
     (unmasked), its other 64 queries only their window. Sub-bands are strided
     views as before; windows stay inside the band (keys outside it may belong
-    to another call of these rows)."""
-    allowed = _allowed(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
+    to another call of these rows). ``allowed``: the call's mask, when known."""
+    if allowed is None:
+        allowed = _allowed(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
     while bs // 2 >= MIN_SUB_ROWS and bs % 2 == 0:
         c, dev, sub, unit = call.rows.numel(), call.idx.device, 2, bs // 2
         span = call.idx.shape[-1] * sub  # the band's keys, in sub-blocks
@@ -339,7 +340,7 @@ def _sub_rows(pattern, n: int, bs: int, call: Call) -> list[Call]:
             part.full = ok.unflatten(-1, (w, unit)).all(-1).all(2)  # (Hp, count, w): every pair allowed
             parts.append((part, ok))
         if len(parts) > 1:
-            return [p for part, _ in parts for p in _sub_rows(pattern, n, unit, part)]
+            return [p for part, ok in parts for p in _sub_rows(pattern, n, unit, part, ok)]
         (call, allowed), bs = parts[0], unit
     return [call]
 
