@@ -202,18 +202,9 @@ def _bounds(blocks: Tensor, bs: int, n: int) -> tuple[Tensor, Tensor]:
 def _compact(mask: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
     """(Hp, R, C) bool over candidate columns ``cols`` (R, C) (ascending per row)
     → counts (Hp, R) and the listed column ids, left-aligned (Hp, R, max count)."""
-    counts = mask.sum(-1)
-    width = max(1, int(counts.max()) if counts.numel() else 1)
-    idx = torch.zeros(*mask.shape[:-1], width, dtype=torch.int64, device=mask.device)
-    hh, rr, cc = mask.nonzero(as_tuple=True)
-    starts = counts.flatten().cumsum(0) - counts.flatten()  # first slot of each row in nonzero order
-    pos = torch.arange(hh.numel(), device=mask.device) - starts[hh * mask.shape[1] + rr]
-    idx[hh, rr, pos] = cols[rr, cc]
-    # Pad with the row's last listed block so gathers stay in range and sorted.
-    last = idx.gather(-1, (counts - 1).clamp(min=0).unsqueeze(-1))
-    slots = torch.arange(width, device=mask.device)
-    idx = torch.where(slots < counts.unsqueeze(-1), idx, last)
-    return counts.to(torch.int32), idx.to(torch.int32)
+    rows, width = cols.shape
+    rr = torch.arange(rows, device=cols.device).repeat_interleave(width)
+    return _compact_pairs(mask.reshape(mask.shape[0], rows * width), rr, cols.flatten(), rows)
 
 
 def _pad_cat(parts: list[Tensor], dim: int = 1) -> Tensor:
