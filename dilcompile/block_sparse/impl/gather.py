@@ -195,6 +195,31 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     return out.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
 
+def _add_keys(dst: Tensor, call: Call, g: Tensor) -> None:
+    """Add a call's key gradients g (H, C or 1, L, D) into dst (H, nb, bs, D).
+    A band's slot s of row c is block band + step·c + s: K adds of strided
+    slices, reading g in the kernel's own layout (flattening it first costs a
+    copy as large as the adds); gathered blocks and tokens index_add by slot."""
+    h, nb, bs, d = dst.shape
+    g = g.to(dst.dtype)
+    if call.band is not None and not call.tokens:  # backward calls are whole rows: no sub-rows
+        rows, kk = g.shape[1], call.idx.shape[-1]
+        for s in range(kk):
+            first = call.band + s
+            part = g[:, :, s * bs:(s + 1) * bs]
+            if call.step:  # a sliding band: row c's slot s is block first + c
+                dst[:, first:first + rows].add_(part)
+            else:  # every row the same run (a shared call: one row)
+                dst[:, first].add_(part.sum(1))
+        return
+    idx = call.idx[:, :1] if call.shared else call.idx
+    unit = 1 if call.tokens else bs  # keys per slot
+    slots = nb * bs // unit
+    heads = torch.arange(h, device=dst.device)[:, None, None]
+    flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
+    dst.view(h * slots, unit, d).index_add_(0, flat, g.unflatten(2, (-1, unit)).flatten(0, 2))
+
+
 def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per call, the kernel backward with the joint (out, lse): exact joint-softmax
@@ -206,13 +231,8 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
-    heads = torch.arange(h, device=q.device)[:, None, None]
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
-        idx = call.idx[:, :1] if call.shared else call.idx
-        unit = 1 if call.tokens else bs  # keys per slot (backward calls are whole rows: no sub-rows)
-        slots = nb * bs // unit
-        flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
         for i in range(b):
             do_i = _rows(dob[i], call)
             if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
@@ -221,9 +241,8 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                                         _keys(vb[i], call), _one_run(_rows(ob[i], call), call),
                                         _one_run(_rows(lb[i], call), call), mask, scale)
             _put(dq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
-            for dst, g in ((dk, g_k), (dv, g_v)):
-                src = g.to(acc).unflatten(2, (-1, unit)).flatten(0, 2)  # (H·C·K, unit, D)
-                dst[i].view(h * slots, unit, d).index_add_(0, flat, src)
+            _add_keys(dk[i], call, g_k)
+            _add_keys(dv[i], call, g_v)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
