@@ -249,8 +249,7 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     (global_local: the global keys, the same for every row, run as one call
     on stacked rows.) The windows stay inside the band, so keys of
     the same rows held by other calls (random blocks next to the window) are
-    not counted twice: exact, outputs and gradients (the backward runs the
-    same pairs as whole rows)."""
+    not counted twice: exact, outputs and gradients."""
     from dilcompile.block_sparse import cache
     from dilcompile.block_sparse.impl import plan as gather_plan
     from dilcompile.patterns import causal as causal_of
@@ -263,7 +262,10 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     plan = gather_plan.make_plan(bound, 3, n, 32, torch.device("cpu"))
     split = [c for c in plan.calls if c.unit is not None]
     assert split and {c.unit for c in split} == {8}
-    assert all(c.unit is None for c in plan.backward_calls)  # the backward runs whole rows (faster on CPU)
+    # The backward (its kernel slower on short rows) splits a band only where that
+    # drops BACKWARD_SPLIT_SAVING of its pairs — here, with 8-query sub-rows, often
+    # — into the forward's sub-rows; whole rows elsewhere (the other tests).
+    assert all(c in plan.calls for c in plan.backward_calls if c.unit is not None)
     # fewer keys than the whole-block band (5 blocks, 160 keys): 8 queries see 8 + 2·56 = 120
     sliding = [c for c in split if c.rows.numel() > 1]
     if name == "per_head":  # head-dependent keys: single rows split, each sub-row's window spanning all heads
@@ -282,6 +284,29 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
     cache.clear()
     _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
+
+
+def test_backward_splits_a_global_query_block_but_not_the_window_band():
+    """The backward kernel is slower on 64-query rows, so the backward splits a
+    band only where that drops many pairs: the global query block of
+    global_local(256, 64) at 128-token blocks (64 queries see every key, 64
+    only their window: ~45 % fewer pairs), not the window band's rows (11 %
+    fewer). Exact either way."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.block_sparse.impl import plan as gather_plan
+
+    n, pattern = 2048, global_local(256, 64)
+    plan = gather_plan.make_plan(pattern.with_heads(2), 2, n, 128, torch.device("cpu"))
+    split = [c for c in plan.backward_calls if c.unit is not None]
+    assert sorted(c.idx.shape[-1] * c.unit for c in split)[-1] == n  # the global queries: every key, one sub-row
+    assert all(c.rows.numel() == 1 and c in plan.calls for c in split)
+    assert any(c.unit is None and c.band is not None and c.step == 1 and c.rows.numel() > 1
+               for c in plan.backward_calls)  # the window band: whole rows
+    cache.clear()
+    q, k, v = random_qkv(1, 2, n, 8, requires_grad=True)
+    out = block_sparse_attention(q, k, v, pattern, impl="gather")
+    cache.clear()
+    _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, False), q, k, v)
 
 
 @pytest.mark.parametrize("causal", [False, True])

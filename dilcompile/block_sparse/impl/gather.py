@@ -202,7 +202,7 @@ def _add_keys(dst: Tensor, call: Call, g: Tensor) -> None:
     copy as large as the adds); gathered blocks and tokens index_add by slot."""
     h, nb, bs, d = dst.shape
     g = g.to(dst.dtype)
-    if call.band is not None and not call.tokens:  # backward calls are whole rows: no sub-rows
+    if call.band is not None and not call.tokens:  # band and blocks counted in dst's units
         rows, kk = g.shape[1], call.idx.shape[-1]
         for s in range(kk):
             first = call.band + s
@@ -233,16 +233,17 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
+        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(call.unit, qb, kb, vb, dob, ob, lb, dq, dk, dv)
         for i in range(b):
-            do_i = _rows(dob[i], call)
+            do_i = _rows(cdo[i], call)
             if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(qb[i], call), call), _keys(kb[i], call),
-                                        _keys(vb[i], call), _one_run(_rows(ob[i], call), call),
-                                        _one_run(_rows(lb[i], call), call), mask, scale)
-            _put(dq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
-            _add_keys(dk[i], call, g_k)
-            _add_keys(dv[i], call, g_v)
+            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(cq[i], call), call), _keys(ck[i], call),
+                                        _keys(cv[i], call), _one_run(_rows(co[i], call), call),
+                                        _one_run(_rows(cl[i], call), call), mask, scale)
+            _put(cdq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
+            _add_keys(cdk[i], call, g_k)
+            _add_keys(cdv[i], call, g_v)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 

@@ -17,7 +17,7 @@ partial blocks only, and cached while small.
 Two rules follow the CPU kernel's tiling, which is much faster on long query
 runs: rows that attend the same keys run stacked as one (``Call.shared``),
 and a sliding band's rows are halved while that narrows their key window
-(``_sub_rows``; the backward keeps whole rows).
+(``_sub_rows``; the backward only where that saves many pairs).
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ MIN_BAND_ROWS = 4
 # Fewest queries per kernel row: a sliding band's rows are halved down to this
 # while that narrows their keys (the CPU kernel loses efficiency below 64 queries).
 MIN_SUB_ROWS = 64
+# The backward splits a band into sub-rows only when that drops this fraction
+# of its pairs: its kernel is slower on 64-query rows (522 vs 420 ms on a local
+# window's pairs: an 11 % saving loses), but a global query block's halves
+# (every key vs a window: ~45 % fewer pairs) gain.
+BACKWARD_SPLIT_SAVING = 0.25
 # Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
 _CHUNK_ELEMENTS = 1 << 24
 # Leftover keys are gathered token by token, not block by block, when that drops
@@ -95,9 +100,9 @@ class GatherPlan:
     num_blocks: int  # query (and key) blocks: ceil(N / block size)
     pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
     calls: list  # [Call], in order: a merging call follows the calls that wrote its rows
-    # The same (query, key) pairs as the backward runs them: a band split into
-    # sub-rows (see _sub_rows) runs whole rows there (the CPU kernel's backward
-    # is slower on 64-query rows).
+    # The same (query, key) pairs as the backward runs them: a sliding band's
+    # sub-rows (see _sub_rows) are whole rows there (the CPU kernel's backward
+    # is slower on 64-query rows) unless the split saves many pairs.
     backward_calls: list
     masks: dict = field(default_factory=dict)  # (call, dtype) → (additive mask, nonempty rows)
 
@@ -265,11 +270,22 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         else:
             rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
         calls += rest_calls
-    backward = _share_keys(calls, num_heads, block_size)
-    # The forward splits sliding bands into sub-rows; the backward keeps whole rows.
-    forward = [part for c in backward
-               for part in (_sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 else [c])]
+    backward = []
+    for c in _share_keys(calls, num_heads, block_size):
+        # The backward splits a band into sub-rows only when that saves many
+        # pairs (a global query block's halves); the forward splits every band.
+        parts = _sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 else [c]
+        saved = 1 - sum(_pairs(p, block_size) for p in parts) / _pairs(c, block_size)
+        backward += parts if saved >= BACKWARD_SPLIT_SAVING else [c]
+    forward = [part for c in backward for part in (
+        _sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 and c.unit is None else [c])]
     return GatherPlan(n, block_size, nb, pattern, forward, backward)
+
+
+def _pairs(call: Call, block_size: int) -> int:
+    """(query, key) pairs a band call computes per head."""
+    unit = call.unit or block_size
+    return call.rows.numel() * unit * call.idx.shape[-1] * unit
 
 
 def _share_keys(calls: list[Call], num_heads: int, block_size: int) -> list[Call]:
