@@ -270,15 +270,14 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         else:
             rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
         calls += rest_calls
-    backward = []
+    forward, backward = [], []
     for c in _share_keys(calls, num_heads, block_size):
-        # The backward splits a band into sub-rows only when that saves many
-        # pairs (a global query block's halves); the forward splits every band.
+        # The forward splits every sliding band into sub-rows; the backward only
+        # where that saves many pairs (a global query block's halves).
         parts = _sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 else [c]
+        forward += parts
         saved = 1 - sum(_pairs(p, block_size) for p in parts) / _pairs(c, block_size)
         backward += parts if saved >= BACKWARD_SPLIT_SAVING else [c]
-    forward = [part for c in backward for part in (
-        _sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 and c.unit is None else [c])]
     return GatherPlan(n, block_size, nb, pattern, forward, backward)
 
 
