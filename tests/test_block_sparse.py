@@ -329,12 +329,15 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
                "hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))),
                "union": union(local_window(56), random_blocks(0.2, 32, 1))}[name]
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
-    calls = gather_plan.make_plan(bound, 3, 1000, 32, torch.device("cpu")).calls
+    plan = gather_plan.make_plan(bound, 3, 1000, 32, torch.device("cpu"))
+    calls = plan.calls
     has = {"stacked": any(c.shared and c.rows.numel() > 1 for c in calls), "sub-rows": any(c.unit for c in calls),
-           "picked queries": any(c.qtok is not None for c in calls), "merges": any(c.merge for c in calls)}
+           "picked queries": any(c.qtok is not None for c in calls), "merges": any(c.merge for c in calls),
+           "backward sub-rows": any(c.unit for c in plan.backward_calls)}
     want = {"dilated": {"picked queries", "merges"} | ({"stacked"} if not causal else set()),
-            "global_local": {"stacked", "sub-rows", "merges"}, "union": {"sub-rows", "merges"},
-            "hierarchical": {"sub-rows", "merges"} | ({"picked queries"} if not causal else set())}[name]
+            "global_local": {"stacked", "sub-rows", "merges", "backward sub-rows"},
+            "union": {"sub-rows", "merges", "backward sub-rows"},
+            "hierarchical": {"sub-rows", "merges", "backward sub-rows"} | ({"picked queries"} if not causal else set())}[name]
     assert {feature for feature, present in has.items() if present} >= want
     cache.clear()
     q, k, v = random_qkv(2, 3, 1000, 8, requires_grad=True)
