@@ -36,30 +36,10 @@ from .base import Pattern
 _BOX_TEST_FACTOR = 8
 
 
-def hilbert_d2xy(order: int, d: Tensor) -> tuple[Tensor, Tensor]:
-    """Cell (x, y) of curve index d on a 2^order square (the classic
-    rotate-and-flip walk, vectorised over d)."""
-    x = torch.zeros_like(d)
-    y = torch.zeros_like(d)
-    t = d.clone()
-    s = 1
-    while s < (1 << order):
-        rx = 1 & (t // 2)
-        ry = 1 & (t ^ rx)
-        flip = (ry == 0) & (rx == 1)
-        x, y = torch.where(flip, s - 1 - x, x), torch.where(flip, s - 1 - y, y)
-        swap = ry == 0
-        x, y = torch.where(swap, y, x), torch.where(swap, x, y)
-        x, y = x + s * rx, y + s * ry
-        t = t // 4
-        s *= 2
-    return x, y
-
-
 def hilbert_xy2d(order: int, x: Tensor, y: Tensor) -> Tensor:
-    """Curve index d of cell (x, y) on a 2^order square: the inverse of
-    ``hilbert_d2xy`` (the same walk from the top level down, flips over the
-    whole square), vectorised over the cells."""
+    """Curve index d of cell (x, y) on a 2^order square (the classic
+    rotate-and-flip walk, from the top level down, flips over the whole
+    square), vectorised over the cells."""
     side = 1 << order
     d = torch.zeros_like(x)
     s = side // 2
