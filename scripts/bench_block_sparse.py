@@ -83,17 +83,23 @@ def summarise(rounds: list[list[dict]], specs: list[str], args) -> tuple[list[st
     """One line per pattern: medians over the rounds (each round has its own
     dense baseline, so η is a ratio taken minutes apart at most), and η's range."""
     from dilcompile.patterns import causal as causal_of
+    from dilcompile.profile.variants import dense_nnz
 
+    # Density from the rows' useful FLOPs (the profiler counted each pattern's
+    # allowed pairs): its ratio to the dense baseline's, times dense's density.
+    dense = next((r for rows in rounds for r in rows if r["variant"] == "sdpa" and r.get("useful_flops")), None)
+    dense_density = dense_nnz(args.heads, args.n, args.causal) / (args.heads * args.n * args.n)
     table = []
     for spec in specs:
         rs = [r for rows in rounds for r in rows if r["variant"] == f"block-sparse:{spec}"]
         ok = [r for r in rs if r.get("status") == "ok"]
         etas = [r["efficiency"] for r in ok if r.get("efficiency") is not None]
         pattern = from_spec(spec)
-        nnz = pattern.nnz(args.heads, args.n, args.causal)
+        flops = next((r["useful_flops"] for r in ok if r.get("useful_flops")), None)
+        density = flops / dense["useful_flops"] * dense_density if flops and dense else None
         lists = (causal_of(pattern) if args.causal else pattern).with_heads(args.heads).block_lists(args.heads, args.n)
         table.append([spec, rs[-1].get("impl") if rs else None, _median([r["latency_ms"] for r in ok]),
-                      nnz / (args.heads * args.n * args.n), float(lists.num.double().mean()) / lists.num.shape[1],
+                      density, float(lists.num.double().mean()) / lists.num.shape[1],
                       _median([r["useful_tflops"] for r in ok]), _median(etas),
                       f"{min(etas):.2f}–{max(etas):.2f}" if etas else None, f"{len(ok)}/{len(rs)} ok",
                       [r["run_id"] for r in rs]])
@@ -125,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--db", default=DEFAULT_DB)
     args = p.parse_args(argv)
 
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     device = str(resolve_device(args.device))
     args.dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     specs = [_spec_for_n(s, args.n) for s in args.patterns]
@@ -132,8 +140,6 @@ def main(argv=None) -> int:
     print(f"block-sparse vs dense SDPA on {device}: B={args.batch} H={args.heads} N={args.n} D={args.head_dim} "
           f"{args.dtype} {args.pass_}{' causal' if args.causal else ''}; {len(spec.points)} points → {args.db}",
           file=sys.stderr)
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
     rounds = []
     try:
         for i in range(args.rounds):

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from dilcompile import store  # noqa: E402
+from dilcompile.patterns import from_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +26,8 @@ def test_bench_block_sparse_smoke(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["pattern"] for r in summary["patterns"]] == specs
     assert all(r["η"] > 0 and r["status"] == "2/2 ok" and 0 < r["density"] < 1 for r in summary["patterns"])
+    for r in summary["patterns"]:  # density from the rows' FLOPs: the pattern's allowed pairs
+        assert r["density"] == pytest.approx(from_spec(r["pattern"]).nnz(2, 512) / (2 * 512 * 512), rel=1e-12)
     assert all(len(r["run_ids"]) == 2 and r["η range"] for r in summary["patterns"]) and len(summary["dense_ms"]) == 2
     assert [b["n"] for b in summary["mask_build"]] == [4096, 4096]
     _, rows = store.query(db, "SELECT variant, status, sweep_kind, efficiency IS NOT NULL, count(DISTINCT sweep_id) "
