@@ -121,7 +121,9 @@ class GatherPlan:
                 written[(c.rows.cpu()[:, None] * unit + torch.arange(unit)).flatten()] = True
         return bool(written.all())
 
+    @cached_property
     def mask_elements(self) -> int:
+        """Mask elements of every masked call, both directions (decides how masks are cached)."""
         calls = {c: None for c in self.calls + self.backward_calls if c.masked}
         return sum(c.idx.numel() * ((c.unit or self.block_size) if c.qtok is None else c.qtok.shape[-1])
                    * (1 if c.tokens else c.unit or self.block_size) for c in calls)
@@ -154,7 +156,7 @@ class GatherPlan:
             got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
         if call.shared:
             got = (got[0].reshape(got[0].shape[0], 1, -1, got[0].shape[-1]), got[1])
-        whole = self.mask_elements()
+        whole = self.mask_elements
         if whole <= MASK_CACHE_ELEMENTS:
             self.masks[(call, dtype)] = got
         elif whole <= BOOL_MASK_CACHE_ELEMENTS:
@@ -166,11 +168,11 @@ def _allowed(pattern, n: int, bs: int, call: Call) -> Tensor:
     """(Hp, C, bs, K·bs) bool mask of a call with bs-token rows and slots. Full
     blocks are True and invalid slots False without evaluating anything;
     ``mask_mod`` runs on partial blocks only."""
+    if call.tokens:
+        return _token_allowed(pattern, n, bs, call)
     idx = call.idx
     dev = idx.device
     zero = torch.zeros((), dtype=torch.long, device=dev)
-    if call.tokens:
-        return _token_allowed(pattern, n, bs, call)
     hp, c, k = idx.shape
     allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
     hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
@@ -272,16 +274,20 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
         calls += rest_calls
     forward, backward = [], []
     for c in _share_keys(calls, num_heads, block_size):
+        if c.band is None or c.step != 1:  # not a sliding band: whole rows both ways
+            forward.append(c)
+            backward.append(c)
+            continue
         # The forward splits every sliding band into sub-rows; the backward only
         # where that saves many pairs (a global query block's halves).
-        parts = _sub_rows(pattern, n, block_size, c) if c.band is not None and c.step == 1 else [c]
+        parts = _sub_rows(pattern, n, block_size, c)
         forward += parts
-        saved = 1 - sum(_pairs(p, block_size) for p in parts) / _pairs(c, block_size)
+        saved = 1 - sum(_band_pairs(p, block_size) for p in parts) / _band_pairs(c, block_size)
         backward += parts if saved >= BACKWARD_SPLIT_SAVING else [c]
     return GatherPlan(n, block_size, nb, pattern, forward, backward)
 
 
-def _pairs(call: Call, block_size: int) -> int:
+def _band_pairs(call: Call, block_size: int) -> int:
     """(query, key) pairs a band call computes per head."""
     unit = call.unit or block_size
     return call.rows.numel() * unit * call.idx.shape[-1] * unit
