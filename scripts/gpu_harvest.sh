@@ -103,7 +103,7 @@ run_part() {
          tests/test_compiler_lowering.py ;;
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db"
-       step "$dir" "$PY" scripts/bench_compile.py --no-cpu ;;
+       step "$dir" "$PY" scripts/bench_compile.py --no-cpu --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 ;;
     3) step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --n 65536 --heads 16 \
          --head-dim 128 --pass fwd --rounds 1 --mask-n 1048576 --db "$db"
        step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --n 65536 --heads 16 \
