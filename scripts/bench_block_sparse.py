@@ -55,20 +55,31 @@ def _spec_for_n(spec: str, n: int) -> str:
     return spec
 
 
-def mask_build(spec: str, n: int, block_size: int, heads: int) -> dict:
-    """Time and memory of the analytic BlockMask (both orientations) at N = n."""
+def mask_build(spec: str, n: int, block_size: int, heads: int, device: str = "cpu") -> dict:
+    """Time and memory of the analytic BlockMask (both orientations) at N = n,
+    built on ``device`` (CUDA: peak allocated growth is reported too)."""
+    import torch
+
     spec = _spec_for_n(spec, n)
     pattern = from_spec(spec)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    bm = pattern.block_mask(1, heads, n, block_size, compute_q_blocks=True)
+    bm = pattern.block_mask(1, heads, n, block_size, device if cuda else None, compute_q_blocks=True)
+    if cuda:
+        torch.cuda.synchronize()
     build_s = time.perf_counter() - t0
     tensors = [bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, bm.q_num_blocks,
                bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices]
     stored = sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
     rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024  # Linux reports KiB
-    return {"pattern": spec, "n": n, "build_s": build_s, "block_mask_bytes": stored,
-            "peak_rss_growth_bytes": rss_growth}
+    peak_cuda = torch.cuda.max_memory_allocated() - base if cuda else None
+    return {"pattern": spec, "n": n, "device": device, "build_s": build_s, "block_mask_bytes": stored,
+            "peak_rss_growth_bytes": rss_growth, "peak_cuda_growth_bytes": peak_cuda}
 
 
 def sweep_doc(specs: list[str], args) -> dict:
@@ -154,12 +165,13 @@ def main(argv=None) -> int:
           "pattern columns: medians over the rounds")
     print(render(names[:-1], [t[:-1] for t in table]))
 
-    builds = [mask_build(s, args.mask_n, 128, args.heads) for s in args.patterns] if args.mask_n else []
+    builds = [mask_build(s, args.mask_n, 128, args.heads, device) for s in args.patterns] if args.mask_n else []
     if builds:
-        print(f"\nanalytic BlockMask build at N={args.mask_n} (block 128, H={args.heads}, both orientations):")
-        print(render(["pattern", "s", "mask MB", "peak RSS +MB"],
-                     [[b["pattern"], b["build_s"], b["block_mask_bytes"] / 2**20, b["peak_rss_growth_bytes"] / 2**20]
-                      for b in builds]))
+        print(f"\nanalytic BlockMask build on {device} at N={args.mask_n} (block 128, H={args.heads}, "
+              "both orientations):")
+        print(render(["pattern", "s", "mask MB", "peak RSS +MB", "peak CUDA +MB"],
+                     [[b["pattern"], b["build_s"], b["block_mask_bytes"] / 2**20, b["peak_rss_growth_bytes"] / 2**20,
+                       b["peak_cuda_growth_bytes"] and b["peak_cuda_growth_bytes"] / 2**20] for b in builds]))
     print(json.dumps({"bench": "block_sparse", "device": device, "dtype": args.dtype, "batch": args.batch,
                       "heads": args.heads, "seq_len": args.n, "head_dim": args.head_dim, "causal": args.causal,
                       "pass": args.pass_, "rounds": args.rounds, "dense_ms": dense,

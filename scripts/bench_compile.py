@@ -143,12 +143,39 @@ def gpu_section(args) -> dict:
         res[impl] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, rel_err_vs_fp32=err,
                          eta_fwd=(useful_f / t_f) / (dense_f / best[0]),
                          eta_fwd_bwd=(useful_f * 3.5 / t_fb) / (dense_f * 3.5 / best[1]))
+    res["compiled"] = cuda_compile_section(q.detach(), k.detach(), v.detach(), kw, args.gpu_sweep)
     if HAS_TRITON and args.million:
         big = 1 << 20
         qb, kb, vb = (torch.randn(b, h, big, d, device=dev, dtype=dtype) for _ in range(3))
         with torch.no_grad():
             t = _cuda_ms(lambda: dilated_attention(qb, kb, vb, impl="triton", **kw))
         res["triton_tokens_per_s_1M"] = big / (t / 1e3)
+    return res
+
+
+def cuda_compile_section(q, k, v, kw: dict, sweep: list[int]) -> dict:
+    """Compiled vs eager forward on CUDA, first compile time, recompiles over
+    an N sweep with dynamic=True, and what the CUDA lowering chose (lowering.TUNED)."""
+    from dilcompile.compiler import lowering
+
+    fn = lambda q, k, v: dilated_attention(q, k, v, **kw)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        compiled(q, k, v)
+        torch.cuda.synchronize()
+        res = dict(first_compile_s=time.perf_counter() - start, eager_fwd_ms=_cuda_ms(lambda: fn(q, k, v)),
+                   compiled_fwd_ms=_cuda_ms(lambda: compiled(q, k, v)))
+        for n_i in sweep:
+            compiled(*(torch.randn(q.shape[0], q.shape[1], n_i, q.shape[3], device=q.device, dtype=q.dtype)
+                       for _ in range(3)))
+    res.update(sweep=list(sweep), recompiles=int(counters["stats"]["unique_graphs"]) - 1,
+               graph_breaks=int(sum(counters["graph_break"].values())),
+               lowering_choice={str(key): name for key, name in lowering.TUNED.items()},
+               lowered=sorted(set(lowering.LOWERED)))
     return res
 
 
@@ -163,24 +190,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--gpu-seq-len", type=int, default=65536)
     p.add_argument("--no-million", dest="million", action="store_false", help="skip the N = 2^20 tokens/s run")
+    p.add_argument("--gpu-sweep", type=int, nargs="+", default=[16384, 32768, 131072],
+                   help="CUDA: lengths of the recompile sweep (dynamic=True)")
+    p.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the CPU section (on a GPU machine)")
     p.add_argument("--quick", action="store_true", help="small shapes: check the script runs")
     args = p.parse_args()
     if args.quick:
         args.seq_len, args.segments, args.rates = 1024, [128, 256, 512, 1024], [1, 2, 4, 8]
         args.sweep, args.repeats, args.gpu_seq_len, args.million = [512, 1536, 2048], 2, 4096, False
 
-    results = {"torch": torch.__version__, "cpu": cpu_section(args)}
-    c = results["cpu"]
-    print(f"CPU fp32 B=1 H={c['heads']} D={c['head_dim']} N={c['seq_len']} segments {c['segments']} rates {c['rates']}")
-    print(f"{'variant':<28}{'ms':>10}{'η':>8}")
-    print(f"{'dense SDPA':<28}{c['dense_ms']:>10.1f}{1.0:>8.2f}")
-    print(f"{'dilated eager':<28}{c['eager_ms']:>10.1f}{c['eta_eager']:>8.2f}")
-    print(f"{'dilated compiled':<28}{c['compiled_ms']:>10.1f}{c['eta_compiled']:>8.2f}")
-    r = c["rewrite"]
-    print(f"{'hand-written eager':<28}{r['hand_eager_ms']:>10.1f}")
-    print(f"{'hand-written compiled':<28}{r['hand_compiled_ms']:>10.1f}   (rewritten: {len(r['rewritten'])} region(s))")
-    print(f"first compile {c['first_compile_s']:.1f} s; recompiles over N={c['sweep']}: {c['recompiles']}; "
-          f"graph breaks: {c['graph_breaks']}")
+    results = {"torch": torch.__version__}
+    if args.cpu:
+        results["cpu"] = cpu_section(args)
+        print_cpu(results["cpu"])
     if torch.cuda.is_available():
         results["gpu"] = g = gpu_section(args)
         print(f"\n{g['device']} bf16 B=1 H=16 D=128 N={g['seq_len']}")
@@ -193,11 +215,28 @@ def main() -> None:
                 x = g[impl]
                 print(f"{'dilated ' + impl:<20}{x['fwd_ms']:>10.2f}{x['fwd_bwd_ms']:>12.2f}"
                       f"{x['eta_fwd']:>8.2f}{x['eta_fwd_bwd']:>8.2f}")
+        c = g["compiled"]
+        print(f"compiled fwd {c['compiled_fwd_ms']:.2f} ms vs eager {c['eager_fwd_ms']:.2f} ms; first compile "
+              f"{c['first_compile_s']:.1f} s; recompiles over N={c['sweep']}: {c['recompiles']}; graph breaks: "
+              f"{c['graph_breaks']}; CUDA lowering chose {sorted(set(c['lowering_choice'].values())) or 'nothing'}")
         if "triton_tokens_per_s_1M" in g:
             print(f"triton tokens/s at N=1,048,576: {g['triton_tokens_per_s_1M']:.3g}")
     else:
         print("\nno CUDA device: GPU section (Triton vs best dense SDPA backend) skipped")
     print(json.dumps({"bench_compile": results}))
+
+
+def print_cpu(c: dict) -> None:
+    print(f"CPU fp32 B=1 H={c['heads']} D={c['head_dim']} N={c['seq_len']} segments {c['segments']} rates {c['rates']}")
+    print(f"{'variant':<28}{'ms':>10}{'η':>8}")
+    print(f"{'dense SDPA':<28}{c['dense_ms']:>10.1f}{1.0:>8.2f}")
+    print(f"{'dilated eager':<28}{c['eager_ms']:>10.1f}{c['eta_eager']:>8.2f}")
+    print(f"{'dilated compiled':<28}{c['compiled_ms']:>10.1f}{c['eta_compiled']:>8.2f}")
+    r = c["rewrite"]
+    print(f"{'hand-written eager':<28}{r['hand_eager_ms']:>10.1f}")
+    print(f"{'hand-written compiled':<28}{r['hand_compiled_ms']:>10.1f}   (rewritten: {len(r['rewritten'])} region(s))")
+    print(f"first compile {c['first_compile_s']:.1f} s; recompiles over N={c['sweep']}: {c['recompiles']}; "
+          f"graph breaks: {c['graph_breaks']}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def _sdpa_masked(q, k, v, pattern, causal):
     from dilcompile.patterns import causal as causal_of
 
     h, n = q.shape[1], q.shape[2]
-    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n)
+    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n).to(q.device)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return torch.where(mask.any(-1, keepdim=True), out, 0.0)
 
@@ -47,9 +47,9 @@ def _assert_matches_with_grads(out, ref, q, k, v):
 @pytest.mark.parametrize("n", [100, 128, 1000])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", list(PATTERNS))
-def test_gather_matches_masked_sdpa_float64_with_gradients(name, causal, n):
+def test_gather_matches_masked_sdpa_float64_with_gradients(name, causal, n, device):
     pattern = PATTERNS[name](n)
-    q, k, v = random_qkv(2 if n < 500 else 1, 3, n, 8, requires_grad=True)
+    q, k, v = random_qkv(2 if n < 500 else 1, 3, n, 8, device=device, requires_grad=True)
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=16 if n < 500 else 64)
     ref = _sdpa_masked(q, k, v, pattern, causal)
     _assert_matches_with_grads(out, ref, q, k, v)
@@ -71,12 +71,12 @@ def test_rows_with_no_key_output_zero_and_finite_gradients():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pattern", [union(local_window(20), random_blocks(0.2, 32, 0)), dilated((32, 128), (1, 4)),
                                      hierarchical(((1, 8), (8, 4)))], ids=["union", "dilated", "hierarchical"])
-def test_low_precision_within_twice_plain_pytorch_error(dtype, pattern):
+def test_low_precision_within_twice_plain_pytorch_error(dtype, pattern, device):
     """Band, whole-block and token calls (per head, query-compressed) in low precision."""
     from dilcompile.patterns import causal as causal_of
 
-    q, k, v = random_qkv(1, 4, 300, 32, dtype=dtype)
-    mask = causal_of(pattern).dense_mask(4, 300)
+    q, k, v = random_qkv(1, 4, 300, 32, dtype=dtype, device=device)
+    mask = causal_of(pattern).dense_mask(4, 300).to(device)
     out = block_sparse_attention(q, k, v, pattern, causal=True, block_size=32)
     ref = _sdpa_masked(q.double(), k.double(), v.double(), pattern, True)
     s = (q @ k.transpose(-1, -2)) * 32 ** -0.5
@@ -426,3 +426,37 @@ def test_plan_from_closed_form_key_needs_equals_the_pairwise_one(causal, monkeyp
     fast = calls(make_plan(bound, 3, 1000, 32, torch.device("cpu")))
     monkeypatch.setattr(type(pattern), "attended_keys", lambda self, *args: None)
     assert fast == calls(make_plan(bound, 3, 1000, 32, torch.device("cpu")))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("impl", ["flex", "gather"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_cuda_flex_and_gather_forward_and_backward_within_twice_plain_error(name, causal, dtype, impl):
+    """Every pattern on CUDA at N=1000 (a partial last block), both backends,
+    out and dq, dk, dv within 2x plain PyTorch's error in the same dtype, against float64."""
+    from dilcompile.block_sparse import cache
+    from dilcompile.patterns import causal as causal_of
+
+    cache.clear()
+    n, heads = 1000, 3
+    pattern = PATTERNS[name](n)
+    q64, k64, v64 = random_qkv(1, heads, n, 64, device="cuda", requires_grad=True)
+    low = [t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64)]
+    plain_in = [t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64)]
+    out = block_sparse_attention(*low, pattern, causal=causal, impl=impl)
+    ref = _sdpa_masked(q64, k64, v64, pattern, causal)
+    mask = (causal_of(pattern) if causal else pattern).with_heads(heads).dense_mask(heads, n).to("cuda")
+    has_key = mask.any(-1, keepdim=True)
+    s = (plain_in[0] @ plain_in[1].transpose(-1, -2)) * 64 ** -0.5
+    s = torch.where(has_key, s.masked_fill(~mask, float("-inf")), torch.zeros_like(s))
+    plain = (torch.softmax(s, -1) @ plain_in[2]) * has_key
+    assert out.dtype == dtype
+    assert_within_low_precision_budget(out, plain, ref)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(out, low, grad.to(dtype))
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad)
+    plain_grads = torch.autograd.grad(plain, plain_in, grad.to(dtype))
+    for g, p, w in zip(got, plain_grads, want):
+        assert_within_low_precision_budget(g, p, w)

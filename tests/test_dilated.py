@@ -26,8 +26,8 @@ def _run(q, k, v, segments, rates, causal, mode, impl):
 @pytest.mark.parametrize("mode", ["longnet", "groups"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n, heads, segments, rates", CASES)
-def test_sdpa_matches_reference_float64_with_gradients(n, heads, segments, rates, causal, mode):
-    q, k, v = random_qkv(2 if n < 500 else 1, heads, n, 16, requires_grad=True)
+def test_sdpa_matches_reference_float64_with_gradients(n, heads, segments, rates, causal, mode, device):
+    q, k, v = random_qkv(2 if n < 500 else 1, heads, n, 16, device=device, requires_grad=True)
     out, lse = _run(q, k, v, segments, rates, causal, mode, "sdpa")
     ref, ref_lse = _run(q, k, v, segments, rates, causal, mode, "reference")
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
@@ -49,8 +49,8 @@ def test_sdpa_matches_reference_float64_with_gradients(n, heads, segments, rates
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name}")
 
 
-def test_gradients_only_through_out_skip_lse_term():
-    q, k, v = random_qkv(1, 4, 50, 8, requires_grad=True)
+def test_gradients_only_through_out_skip_lse_term(device):
+    q, k, v = random_qkv(1, 4, 50, 8, device=device, requires_grad=True)
     kw = dict(segment_lengths=(8, 16), dilation_rates=(1, 2))
     got = torch.autograd.grad(dilated_attention(q, k, v, **kw).square().sum(), (q, k, v))
     want = torch.autograd.grad(dilated_attention(q, k, v, impl="reference", **kw).square().sum(), (q, k, v))
@@ -67,9 +67,9 @@ def test_torch_autograd_gradcheck():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_low_precision_within_twice_plain_pytorch_error(dtype, causal):
+def test_low_precision_within_twice_plain_pytorch_error(dtype, causal, device):
     segments, rates, heads, n = (64, 128, 256), (1, 2, 4), 4, 300
-    q64, k64, v64 = random_qkv(1, heads, n, 32)
+    q64, k64, v64 = random_qkv(1, heads, n, 32, device=device)
     q, k, v = (t.to(dtype) for t in (q64, k64, v64))
     kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal)
     out = dilated_attention(q, k, v, **kw)
@@ -158,13 +158,13 @@ def test_config_validates_in_post_init():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ["longnet", "groups"])
-def test_key_padding_mask_removes_keys_exactly(causal, mode):
+def test_key_padding_mask_removes_keys_exactly(causal, mode, device):
     n, heads, segments, rates = 61, 5, (8, 16, 100), (1, 2, 4)
-    q, k, v = random_qkv(3, heads, n, 8, requires_grad=True)
-    padding = torch.zeros(3, n, dtype=torch.bool)
+    q, k, v = random_qkv(3, heads, n, 8, device=device, requires_grad=True)
+    padding = torch.zeros(3, n, dtype=torch.bool, device=device)
     padding[0, 40:] = True  # right padding
     padding[1, :9] = True  # left padding: early causal rows and whole segments lose every key
-    padding[2] = torch.rand(n) < 0.5
+    padding[2] = torch.rand(n, device=device) < 0.5
     kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, return_lse=True,
               key_padding_mask=padding)
     out, lse = dilated_attention(q, k, v, **kw)
@@ -209,3 +209,42 @@ def test_bad_key_padding_mask(mask, error, words):
     q, k, v = random_qkv(1, 2, 8, 4)
     with pytest.raises(error, match=words):
         dilated_attention(q, k, v, key_padding_mask=mask, **GOOD)
+
+
+def _plain_with_grads_defined(q, k, v, count, scale):
+    """Multiplicity-weighted softmax in the inputs' dtype, rows with no key → 0
+    without NaN (so its gradients are a yardstick too)."""
+    s = (q @ k.transpose(-1, -2)) * scale + count.to(q.device, q.dtype).log()
+    has_key = (count > 0).any(-1, keepdim=True).to(q.device)
+    s = torch.where(has_key, s, torch.zeros_like(s))
+    return (torch.softmax(s, -1) @ v) * has_key
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("impl", ["sdpa", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal, mode, padded", [(False, "longnet", False), (True, "longnet", True),
+                                                  (True, "groups", False), (False, "groups", True)])
+def test_cuda_low_precision_forward_and_backward_within_twice_plain_error(impl, dtype, causal, mode, padded):
+    """Every impl on CUDA, N=1025 and H=6 (not multiples of any w or r): out and
+    dq, dk, dv within 2x the error of plain PyTorch in the same dtype, against float64."""
+    n, heads, segments, rates = 1025, 6, (64, 256, 2048), (2, 4, 1)
+    q64, k64, v64 = random_qkv(2, heads, n, 64, device="cuda", requires_grad=True)
+    padding = (torch.rand(2, n, device="cuda") < 0.2) if padded else None
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, key_padding_mask=padding)
+    count = multiplicity(plan_parts(heads, segments, rates, mode), heads, n, causal).to("cuda")
+    if padded:
+        count = count * ~padding[:, None, None, :]
+    low = [t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64)]
+    plain_in = [t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64)]
+    out = dilated_attention(*low, impl=impl, **kw)
+    ref = dilated_attention(q64, k64, v64, impl="reference", **kw)
+    plain = _plain_with_grads_defined(*plain_in, count, 64 ** -0.5) / (len(segments) if mode == "groups" else 1)
+    assert out.dtype == dtype
+    assert_within_low_precision_budget(out, plain, ref)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(out, low, grad.to(dtype))
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad)
+    plain_grads = torch.autograd.grad(plain, plain_in, grad.to(dtype))
+    for g, p, w in zip(got, plain_grads, want):
+        assert_within_low_precision_budget(g, p, w)

@@ -19,13 +19,13 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_function_compiles_fullgraph_one_graph_over_n_sweep_with_grads():
+def test_function_compiles_fullgraph_one_graph_over_n_sweep_with_grads(device):
     def fn(q, k, v):
         return dilated_attention(q, k, v, causal=True, **KW)
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=True)
     for n in (128, 200, 256, 1000):
-        q, k, v = random_qkv(1, 4, n, 16, dtype=torch.float32, requires_grad=True)
+        q, k, v = random_qkv(1, 4, n, 16, dtype=torch.float32, device=device, requires_grad=True)
         out = compiled(q, k, v)
         got = torch.autograd.grad(out.square().sum(), (q, k, v))
         want_out = fn(q, k, v)
@@ -37,10 +37,10 @@ def test_function_compiles_fullgraph_one_graph_over_n_sweep_with_grads():
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_module_compiles_fullgraph_and_return_lse():
+def test_module_compiles_fullgraph_and_return_lse(device):
     module = DilatedAttention(segment_lengths=(32, 64), dilation_rates=(1, 2), mode="groups")
     compiled = torch.compile(module, fullgraph=True)
-    q, k, v = random_qkv(2, 3, 97, 8, dtype=torch.float32)
+    q, k, v = random_qkv(2, 3, 97, 8, dtype=torch.float32, device=device)
     torch.testing.assert_close(compiled(q, k, v), module(q, k, v), rtol=1e-6, atol=1e-6)
 
     fn = torch.compile(lambda q, k, v: dilated_attention(q, k, v, return_lse=True, **KW), fullgraph=True)
@@ -50,9 +50,9 @@ def test_module_compiles_fullgraph_and_return_lse():
     torch.testing.assert_close(lse, want_lse)
 
 
-def test_custom_ops_pass_opcheck():
-    q, k, v = random_qkv(1, 4, 50, 8, dtype=torch.float32, requires_grad=True)
-    args = (q, k, v, [16, 32], [1, 2], "longnet", True, 0.25, torch.rand(1, 50) < 0.2)
+def test_custom_ops_pass_opcheck(device):
+    q, k, v = random_qkv(1, 4, 50, 8, dtype=torch.float32, device=device, requires_grad=True)
+    args = (q, k, v, [16, 32], [1, 2], "longnet", True, 0.25, torch.rand(1, 50, device=device) < 0.2)
     torch.library.opcheck(torch.ops.dilcompile.dilated_fwd.default, args)
     out, lse = torch.ops.dilcompile.dilated_fwd(*args)
     bwd_args = (torch.randn_like(out), None, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
@@ -60,8 +60,8 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.dilcompile.dilated_bwd.default, bwd_args)
 
 
-def test_key_padding_mask_compiles_fullgraph():
+def test_key_padding_mask_compiles_fullgraph(device):
     fn = lambda q, k, v, m: dilated_attention(q, k, v, key_padding_mask=m, causal=True, **KW)  # noqa: E731
-    q, k, v = random_qkv(2, 4, 150, 8, dtype=torch.float32)
-    mask = torch.rand(2, 150) < 0.3
+    q, k, v = random_qkv(2, 4, 150, 8, dtype=torch.float32, device=device)
+    mask = torch.rand(2, 150, device=device) < 0.3
     torch.testing.assert_close(torch.compile(fn, fullgraph=True)(q, k, v, mask), fn(q, k, v, mask))

@@ -52,7 +52,7 @@ def _by_hand(mha, query, key, value, mask, causal):
     q, k, v = (F.linear(t, w[i * e:(i + 1) * e], b[i * e:(i + 1) * e]) for i, t in enumerate((query, key, value)))
     q, k, v = (t.view(t.shape[0], t.shape[1], h, e // h).transpose(1, 2) for t in (q, k, v))
     c = mha.config
-    count = multiplicity(plan_parts(h, c.segment_lengths, c.dilation_rates, c.mode), h, q.shape[2], causal)
+    count = multiplicity(plan_parts(h, c.segment_lengths, c.dilation_rates, c.mode), h, q.shape[2], causal).to(q.device)
     if mask is not None:
         count = count * (~mask)[:, None, None, :]
     out, _ = reference_attention(q, k, v, count, 1 / math.sqrt(e // h))
@@ -64,10 +64,10 @@ def _by_hand(mha, query, key, value, mask, causal):
 
 @pytest.mark.parametrize("mode", ["longnet", "groups"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_key_padding_mask_is_exact_against_reference(mode, causal):
-    mha = _mha(e=30, h=5, segments=(16, 40, 200), rates=(1, 3, 4), mode=mode)
-    x = torch.randn(3, 97, 30, **F64, requires_grad=True)
-    mask = torch.rand(3, 97) < 0.3
+def test_key_padding_mask_is_exact_against_reference(mode, causal, device):
+    mha = _mha(e=30, h=5, segments=(16, 40, 200), rates=(1, 3, 4), mode=mode).to(device)
+    x = torch.randn(3, 97, 30, **F64, device=device, requires_grad=True)
+    mask = torch.rand(3, 97, device=device) < 0.3
     mask[1, :10] = True  # causal rows 0..9 of batch 1 have no key at all
     mask[2] = True  # a fully padded sequence
     y, _ = mha(x, key_padding_mask=mask, is_causal=causal)

@@ -21,7 +21,7 @@ def _by_hand(mha, x, pattern, causal):
     e, h = mha.embed_dim, mha.num_heads
     q, k, v = (t.view(x.shape[0], x.shape[1], h, e // h).transpose(1, 2) for t in mha.qkv_proj(x).chunk(3, -1))
     n = x.shape[1]
-    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n)
+    mask = (causal_of(pattern) if causal else pattern).with_heads(h).dense_mask(h, n).to(x.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(e // h))
     out = torch.where(mask.any(-1, keepdim=True), out, 0.0).transpose(1, 2).flatten(2)
     return mha.out_proj(mha.sub_ln(out))
@@ -29,9 +29,9 @@ def _by_hand(mha, x, pattern, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern", [local_window(9), global_local(5, 3)], ids=repr)
-def test_matches_masked_sdpa_float64_with_parameter_gradients(pattern, causal):
-    mha = MultiheadBlockSparseAttention(24, 3, pattern, block_size=16, **F64)
-    x = torch.randn(2, 77, 24, **F64, requires_grad=True)  # 77: a partial last block
+def test_matches_masked_sdpa_float64_with_parameter_gradients(pattern, causal, device):
+    mha = MultiheadBlockSparseAttention(24, 3, pattern, block_size=16, **F64).to(device)
+    x = torch.randn(2, 77, 24, **F64, device=device, requires_grad=True)  # 77: a partial last block
     got, none = mha(x, is_causal=causal)
     want = _by_hand(mha, x, pattern, causal)
     assert none is None

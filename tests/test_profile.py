@@ -235,3 +235,25 @@ def test_sigint_to_a_real_sweep_keeps_rows_and_exits_130(tmp_path):
     assert "Traceback" not in err
     kept = store.query(db, "SELECT count(*) FROM runs WHERE status = 'ok'")[1][0][0]
     assert 1 <= kept < len(lengths)
+
+
+@pytest.mark.cuda
+def test_cuda_sweep_records_cuda_timing_peak_memory_nvml_energy_and_telemetry_rows(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    doc = {"warmup": 1, "repeats": 5, "max_time_s": 0.2, "defaults": {**SMALL, "dtype": "bfloat16"},
+           "grid": [{"variant": ["dilated", "sdpa"], "seq_len": [4096], "pass": ["fwd", "fwd_bwd"]}]}
+    rows = run_sweep(from_dict(doc, "cuda"), str(db), progress=False)
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r.get("error") for r in rows]
+    names, got = store.query(db, "SELECT run_id, device, device_kind, latency_ms, peak_mem_bytes, energy_j, avg_power_w, "
+                                 "avg_sm_clock_mhz, telemetry_status, driver_version, cuda_version, efficiency FROM runs")
+    runs = [dict(zip(names, g)) for g in got]
+    for r in runs:
+        assert r["device_kind"] == "cuda" and r["device"] == torch.cuda.get_device_name()
+        assert r["latency_ms"] > 0 and r["peak_mem_bytes"] > 0 and r["efficiency"] > 0
+        assert r["telemetry_status"].startswith("ok"), r["telemetry_status"]
+        assert r["energy_j"] > 0 and r["avg_power_w"] > 0 and r["avg_sm_clock_mhz"] > 0
+        assert r["driver_version"] and r["cuda_version"] == torch.version.cuda
+        _, samples = store.query(db, "SELECT count(*), min(power_w), min(sm_clock_mhz) FROM telemetry WHERE run_id = ?",
+                                 [r["run_id"]])
+        count, power, clock = samples[0]
+        assert count >= 1 and power > 0 and clock > 0

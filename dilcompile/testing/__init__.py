@@ -19,7 +19,7 @@ def random_qkv(b, h, n, d, dtype=torch.float64, device="cpu", requires_grad=Fals
 def masked_attention_plain(q: Tensor, k: Tensor, v: Tensor, count: Tensor, scale: float) -> Tensor:
     """Multiplicity-weighted softmax attention in the inputs' own dtype — what a
     user would write in plain PyTorch; the yardstick of the low-precision rule."""
-    s = (q @ k.transpose(-1, -2)) * scale + count.to(q.dtype).log()
+    s = (q @ k.transpose(-1, -2)) * scale + count.to(q.device, q.dtype).log()
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return p @ v
 
