@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import dilated
+from .checks import warn_head_dim
 
 # `use_tf32`, `device`, `dtype`, memory-pool and checkpointing fields are kept for
 # signature compatibility; they do not change what dilcompile computes.
@@ -72,6 +73,7 @@ class MultiheadConfig:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be a positive multiple of num_heads ({self.num_heads})")
         if self.layer_norm_eps <= 0 or self.gamma_init <= 0:
             raise ValueError("layer_norm_eps and gamma_init must be positive")
+        warn_head_dim(self.embed_dim, self.num_heads)
 
     @property
     def head_dim(self) -> int:

@@ -8,6 +8,9 @@ from dataclasses import fields
 
 from . import configs, dilated, ring, sparse
 
+# The seed's factories handle these memory-pool settings themselves and drop them
+# before building the multihead and distributed classes; they have no effect here.
+_POOL_KEYS = ("enable_memory_pool", "lightweight_pool", "enable_buffer_manager")
 _DEFAULT_SEGMENTS = [2048, 4096, 8192]
 _DEFAULT_RATES = [1, 2, 4]
 
@@ -40,6 +43,8 @@ def create_dilated_attention(attention_type: str = "auto", segment_lengths=None,
     kind = _kind(attention_type, _ATTENTION)
     segments = _DEFAULT_SEGMENTS if segment_lengths is None else segment_lengths
     rates = _DEFAULT_RATES if dilation_rates is None else dilation_rates
+    if kind in ("distributed", "improved_distributed"):
+        kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_KEYS}
     if kind == "standard" and "dropout" in kwargs:
         kwargs["attention_dropout"] = kwargs.pop("dropout")
     return _ATTENTION[kind](segments, rates, **kwargs)
@@ -48,6 +53,7 @@ def create_dilated_attention(attention_type: str = "auto", segment_lengths=None,
 def create_multihead_dilated_attention(attention_type: str = "auto", embed_dim: int = 768, num_heads: int = 12,
                                        segment_lengths=None, dilation_rates=None, **kwargs):
     kind = _kind(attention_type, _MULTIHEAD)
+    kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_KEYS}
     mh = kwargs.pop("multihead_config", None)
     at = kwargs.pop("attention_config", None)
     if mh is not None:  # a MultiheadConfig supplies the projection settings

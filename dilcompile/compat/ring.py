@@ -3,13 +3,14 @@
 layout (multihead: (B, N, E)), the seed's head-group semantics
 (``mode="groups"``).
 
-Each rank passes its contiguous shard of the sequence and gets its output
-shard, equal to the single-device ``compat`` class on the full sequence.
-Constructing needs no process group; ``forward`` needs an initialised one
-(``torch.distributed.init_process_group``, e.g. under torchrun) and raises a
-ValueError saying so otherwise. ``ring_size``, when given, must equal the
-group's size. Memory-pool, checkpointing, TF32, flash and block-size flags
-have no effect (the fused kernels choose their own blocking).
+With an initialised process group (``torch.distributed.init_process_group``,
+e.g. under torchrun) each rank passes its contiguous shard of the sequence
+and gets its output shard, equal to the single-device ``compat`` class on the
+full sequence; ``ring_size``, when given, must equal the group's size. With
+no process group, forward computes the whole sequence on this device (as the
+seed's single-device and simulated-ring modes did). Memory-pool,
+pattern-cache, checkpointing, TF32, flash and block-size flags have no effect
+(the fused kernels choose their own blocking).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import distributed
-from ..dilated import DilatedAttentionConfig
+from ..dilated import DilatedAttentionConfig, dilated_attention
 from ._deprecation import warn_once
+from .checks import check_branches
 from .dilated import SeedCallShape, _SeedAttention
 
 RING = "dilcompile.distributed.RingDilatedAttention(segment_lengths, dilation_rates, mode='groups') " \
@@ -32,28 +34,36 @@ def _check_ring_size(ring_size: int | None) -> None:
         raise ValueError(f"ring_size must be a positive int or None, got {ring_size!r}")
 
 
+def _group_initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _check_group(ring_size: int | None) -> None:
-    """At forward: a clear error without a process group or with a mismatched ring_size."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("ring attention needs an initialised process group at forward time: call "
-                         "torch.distributed.init_process_group(...) first (e.g. under torchrun); on one device use "
-                         "dilcompile.compat.ImprovedDilatedAttention")
+    """At forward, with a process group: ring_size must match it."""
     if ring_size is not None and ring_size != dist.get_world_size():
         raise ValueError(f"ring_size={ring_size} but the process group has {dist.get_world_size()} ranks; "
                          "pass ring_size=None (the whole group)")
 
 
 class _RingAttention(_SeedAttention):
-    """(b, n_p, h, d) shard → (b, n_p, h, d) shard of seed head-group ring attention."""
+    """(b, n_p, h, d) shard → (b, n_p, h, d) shard of seed head-group ring
+    attention over the default process group; with no process group, the
+    whole (b, n, h, d) sequence on this device (the seed's single-device and
+    simulated-ring modes computed that too, whatever ``ring_size``)."""
 
     def __init__(self, seed_name: str, segment_lengths, dilation_rates, dropout: float, ring_size: int | None):
+        check_branches(segment_lengths, dilation_rates)
         super().__init__(seed_name, RING, dropout)
         _check_ring_size(ring_size)
-        self.ring = distributed.RingDilatedAttention(config=DilatedAttentionConfig(segment_lengths, dilation_rates,
-                                                                                   mode="groups"))
+        self.config = DilatedAttentionConfig(segment_lengths, dilation_rates, mode="groups")
+        self.ring = distributed.RingDilatedAttention(config=self.config)
         self.ring_size = ring_size
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        if not _group_initialised():
+            c = self.config
+            return dilated_attention(q, k, v, segment_lengths=c.segment_lengths, dilation_rates=c.dilation_rates,
+                                     causal=causal, mode="groups")
         _check_group(self.ring_size)
         return self.ring(q, k, v, causal=causal)
 
@@ -61,22 +71,28 @@ class _RingAttention(_SeedAttention):
         return f"{self.ring.extra_repr()}, dropout={self.dropout}, ring_size={self.ring_size}"
 
 
-class RingDilatedAttention(_RingAttention):
-    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, use_tf32: bool = True,
-                 block_size: int = 1024, ring_size: int | None = None, use_checkpointing: bool = True,
-                 device=None, dtype=None):
-        super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, ring_size)
-
-
 class RingDilatedAttentionV2(_RingAttention):
+    """Seed ``RingDilatedAttentionV2``; memory-pool and pattern-cache flags have no effect."""
+
     def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, ring_size: int | None = None,
-                 device=None, dtype=None, enable_memory_pool: bool = True, enable_profiling: bool = False,
-                 lightweight_pool: bool = True):
+                 device=None, dtype=None, enable_memory_pool: bool = False, enable_profiling: bool = False,
+                 lightweight_pool: bool = True, use_pattern_cache: bool = True):
         super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, ring_size)
 
 
-class RingDilatedAttentionV2Collective(RingDilatedAttentionV2):
-    pass
+class RingDilatedAttentionV2Collective(_RingAttention):
+    """Seed ``RingDilatedAttentionV2Collective`` (``RingDilatedAttention`` is
+    this class, as in the seed); memory-pool and pattern-cache settings have
+    no effect."""
+
+    def __init__(self, segment_lengths, dilation_rates, dropout: float = 0.0, ring_size: int | None = None,
+                 device=None, dtype=None, enable_memory_pool: bool = False, enable_profiling: bool = False,
+                 lightweight_pool: bool = True, use_pattern_cache: bool = True,
+                 memory_pool_threshold_mb: float = 16.0):
+        super().__init__(type(self).__name__, segment_lengths, dilation_rates, dropout, ring_size)
+
+
+RingDilatedAttention = RingDilatedAttentionV2Collective  # the seed's alias
 
 
 class DistributedImprovedDilatedAttention(_RingAttention):
@@ -110,5 +126,9 @@ class RingMultiheadDilatedAttention(SeedCallShape, distributed.RingMultiheadDila
         self.ring_size = ring_size
 
     def attend(self, q, k, v, *, is_causal, key_padding_mask):
+        if not _group_initialised():  # one device: the whole sequence
+            c = self.ring.config
+            return dilated_attention(q, k, v, segment_lengths=c.segment_lengths, dilation_rates=c.dilation_rates,
+                                     causal=is_causal, mode="groups", key_padding_mask=key_padding_mask)
         _check_group(self.ring_size)
         return super().attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask)

@@ -9,7 +9,11 @@ pattern by :func:`pattern_from_seed_config`:
 ``pattern_type``   pattern
 =================  ========================================================
 ``local_window``   ``local_window(window=local_window_size // 2)`` (the seed's
-                   window is the full width, the pattern's a half-width)
+                   window is the full width, the pattern's a half-width; the
+                   seed's is a band of whole blocks, this one token-granular);
+                   when ``local_window_size < 2 * block_size`` (the seed's band
+                   of radius 0) ``dilated((block_size,), (1,), mode="groups")``:
+                   each query block attends its own key block, as in the seed
 ``dilated_sparse`` ``dilated(segment_lengths, dilation_rates, mode="groups")``
                    (the class's own branches; density follows from them)
 ``global_local``   ``global_local(window=local_window_size // 2,
@@ -28,13 +32,16 @@ block-sparse kernels run on one device.
 
 from __future__ import annotations
 
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from .. import patterns
 from ..block_sparse import MultiheadBlockSparseAttention, block_sparse_attention
 from ._deprecation import warn_once
+from .checks import check_dropout
 from .configs import AdaptiveConfig, HierarchicalConfig, SparsePatternConfig
 from .dilated import SeedCallShape, _SeedAttention
+from .state_dict import accept_seed_state_dicts
 
 SPARSE = "dilcompile.BlockSparseAttention (functional: dilcompile.block_sparse_attention with dilcompile.patterns)"
 SPARSE_MH = "dilcompile.MultiheadBlockSparseAttention"
@@ -50,6 +57,9 @@ def pattern_from_seed_config(sparse_config, segment_lengths, dilation_rates) -> 
     kind = getattr(c, "pattern_type", None)
     half = getattr(c, "local_window_size", 512) // 2
     if kind == "local_window":
+        if getattr(c, "local_window_size", 512) // c.block_size // 2 == 0:
+            # the seed's block band of radius 0: each query block sees its own key block
+            return patterns.dilated((c.block_size,), (1,), mode="groups")
         return patterns.local_window(window=half)
     if kind == "dilated_sparse":
         return patterns.dilated(tuple(segment_lengths), tuple(dilation_rates), mode="groups")
@@ -128,8 +138,11 @@ class BlockSparseAdaptive(_SparseAttention):
 
 class BlockSparseRingMultiheadDilatedAttention(SeedCallShape, MultiheadBlockSparseAttention):
     """Seed block-sparse multihead attention, (B, N, E), seed call shape.
-    Keyword ``layer_norm``, ``layer_norm_eps``, ``gamma_init``, ``device``,
-    ``dtype`` are honoured; other keyword arguments have no effect."""
+
+    As in the seed: no LayerNorm, ``nn.Linear``'s default init, ``dropout``
+    on the output after the output projection; its ``q_proj`` / ``k_proj`` /
+    ``v_proj`` state dicts load as they are. Keyword ``device`` and ``dtype``
+    place the parameters; other keyword arguments have no effect."""
 
     def __init__(self, embed_dim: int, num_heads: int, segment_lengths, dilation_rates, dropout: float = 0.0,
                  bias: bool = True, sparse_config=None, batch_first: bool = True, **kwargs):
@@ -138,6 +151,16 @@ class BlockSparseRingMultiheadDilatedAttention(SeedCallShape, MultiheadBlockSpar
         warn_once(type(self).__name__, SPARSE_MH)
         c = SparsePatternConfig() if sparse_config is None else sparse_config
         super().__init__(embed_dim, num_heads, pattern_from_seed_config(c, segment_lengths, dilation_rates),
-                         dropout=dropout, bias=bias, sub_ln=kwargs.get("layer_norm", True),
-                         layer_norm_eps=kwargs.get("layer_norm_eps", 1e-5), gamma_init=kwargs.get("gamma_init", 1.0),
-                         device=kwargs.get("device"), dtype=kwargs.get("dtype"), block_size=c.block_size)
+                         dropout=0.0, bias=bias, sub_ln=False, device=kwargs.get("device"),
+                         dtype=kwargs.get("dtype"), block_size=c.block_size)
+        self.output_dropout = check_dropout(dropout)
+        accept_seed_state_dicts(self)
+
+    def reset_parameters(self) -> None:
+        # the seed's four nn.Linear(E, E) with their default init; the fused (3E, E)
+        # weight has the same fan-in, so nn.Linear's init gives the same distribution
+        nn.Linear.reset_parameters(self.qkv_proj)
+        self.out_proj.reset_parameters()
+
+    def _seed_output(self, out: Tensor) -> Tensor:
+        return F.dropout(out, self.output_dropout, self.training)  # the seed drops after out_proj
