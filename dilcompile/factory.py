@@ -52,7 +52,6 @@ from .dilated.config import IMPLS
 from .distributed import RingDilatedAttention, RingMultiheadDilatedAttention
 from .kernels import backend_for
 from .multihead import MultiheadDilatedAttention
-from .profile.env import cpu_model
 
 DEFAULT_STORE = Path("runs/dilcompile.duckdb")
 HINTS = ("seq_len", "num_heads", "head_dim", "dtype", "device", "training")
@@ -198,6 +197,8 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    from .profile.env import cpu_model  # the profiler (and its store) load only when "auto" reads the store
+
     return cpu_model()
 
 
