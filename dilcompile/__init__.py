@@ -8,13 +8,12 @@ global setting: the graph passes and the lowering are opt-in
 
 import importlib
 
+from ._version import __version__
 from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
 from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
 from .distributed import RingDilatedAttention, ring_dilated_attention
 from .factory import create_dilated_attention, create_multihead_dilated_attention
 from .multihead import MultiheadAttentionBase, MultiheadDilatedAttention
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__",
