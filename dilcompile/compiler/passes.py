@@ -37,7 +37,7 @@ _PKG = Path(__file__).resolve().parent.parent
 SOURCES = (
     "compiler/passes.py", "compiler/rewrite_dilated.py", "compiler/rewrite_block_sparse.py", "compiler/lowering.py",
     "dilated/ops.py", "dilated/triton_ops.py", "dilated/geometry.py", "dilated/impl/*.py",
-    "block_sparse/ops.py", "kernels/*.py", "patterns/*.py",
+    "block_sparse/ops.py", "distributed/ops.py", "kernels/*.py", "patterns/*.py",
 )
 
 
