@@ -85,6 +85,26 @@ def test_subpackages_load_on_first_access():
     assert out.strip() == "dilcompile.compiler"
 
 
+def test_triton_ops_register_on_first_use_inside_torch_compile():
+    """impl="triton" used for the first time inside a compiled function: the
+    import runs while Dynamo traces, and the op enters one full graph."""
+    pytest.importorskip("triton", reason="triton not installed (pip install 'dilcompile[triton]')")
+    out = _python("""
+        import sys, torch
+        from torch._dynamo.utils import counters
+        from dilcompile import dilated_attention
+        assert "dilcompile.dilated.triton_ops" not in sys.modules  # (torch._dynamo itself imports triton)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        fn = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(8, 16), dilation_rates=(1, 2), impl="triton")
+        q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
+        got = torch.compile(fn, fullgraph=True)(q, k, v)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+        torch.testing.assert_close(got, fn(q, k, v))
+        print(torch.ops.dilcompile.dilated_triton_fwd.default.name())
+    """, timeout=300)
+    assert out.strip() == "dilcompile::dilated_triton_fwd"
+
+
 def _modules() -> dict[str, Path]:
     """Every module of the package: dotted name → file."""
     found = {}
