@@ -1,14 +1,33 @@
-"""Streamlit entry point: ``dilcompile dashboard`` (or ``streamlit run dashboard/app.py``).
+"""Streamlit entry point: ``dilcompile dashboard`` (or ``streamlit run`` on this file).
 
 The store to read comes from ``$DILCOMPILE_DB`` (default ``runs/dilcompile.duckdb``).
+
+This folder is ``dashboard/`` in a checkout and ``dilcompile/dashboard/`` in an
+installed wheel. The pages import their helpers as ``dashboard.<module>``, so
+the name ``dashboard`` is bound to this folder here (Streamlit runs this file
+as a script, with only this folder on ``sys.path``); ``dilcompile`` itself must
+be importable (installed, or on ``PYTHONPATH`` — ``dilcompile dashboard`` sees to it).
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # streamlit puts only this folder on sys.path
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+
+
+def _bind_dashboard_package() -> None:
+    bound = sys.modules.get("dashboard")
+    if bound is not None and Path(bound.__file__).resolve().parent == HERE:
+        return  # Streamlit reruns this script on every interaction
+    spec = importlib.util.spec_from_file_location("dashboard", HERE / "__init__.py",
+                                                  submodule_search_locations=[str(HERE)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["dashboard"] = package
+    spec.loader.exec_module(package)
+
+
+_bind_dashboard_package()
 
 import streamlit as st  # noqa: E402
 

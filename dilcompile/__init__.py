@@ -1,12 +1,19 @@
-"""dilcompile: exact, compile-clean long-context attention for PyTorch."""
+"""dilcompile: exact, compile-clean long-context attention for PyTorch.
 
+Importing registers the custom ops (``torch.ops.dilcompile.*``) and changes no
+global setting: the graph passes and the lowering are opt-in
+(``dilcompile.compiler.enable()``). Subpackages with heavy dependencies
+(``compiler``: Inductor; ``profile``, ``store``: duckdb) load on first access.
+"""
+
+import importlib
+
+from ._version import __version__
 from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
 from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
 from .distributed import RingDilatedAttention, ring_dilated_attention
 from .factory import create_dilated_attention, create_multihead_dilated_attention
 from .multihead import MultiheadAttentionBase, MultiheadDilatedAttention
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__",
@@ -15,3 +22,12 @@ __all__ = [
     "RingDilatedAttention", "ring_dilated_attention",
     "BlockSparseAttention", "MultiheadBlockSparseAttention", "block_sparse_attention",
 ]
+
+_LAZY_SUBPACKAGES = ("compat", "compiler", "models", "profile", "store", "testing")
+
+
+def __getattr__(name: str):
+    """``dilcompile.compiler`` etc. without importing them at ``import dilcompile``."""
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

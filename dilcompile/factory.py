@@ -1,4 +1,4 @@
-"""One factory over every attention variant, with one config vocabulary.
+"""One factory over every attention kind, with one config vocabulary.
 
     create_dilated_attention(kind, **config)            -> (B, H, N, D) module
     create_multihead_dilated_attention(kind, **config)  -> (B, N, E) module, nn.MultiheadAttention call shape
@@ -11,7 +11,10 @@ it does not take): ``segment_lengths``, ``dilation_rates``, ``causal``,
 Input *hints* — ``seq_len``, ``num_heads``, ``head_dim``, ``dtype``,
 ``device``, ``training`` — describe the input; only ``kind="auto"`` reads them.
 
-Kinds live in a registry (:func:`register_variant`); adding one is one call.
+Kinds live in a registry (:func:`register_kind`); adding one is one call.
+A kind's measured runs are the run store's rows whose ``variant`` (the
+profiler's name, :mod:`dilcompile.profile.variants`) is the kind's name, or
+starts with ``<kind>:``.
 Registered: ``"dilated"``, ``"dilated-groups"``, ``"block-sparse"`` (config key
 ``pattern``: a ``dilcompile.patterns`` pattern or spec string) and ``"ring"``
 (sequence-parallel dilated attention on each rank's shard; only with an
@@ -52,15 +55,14 @@ from .dilated.config import IMPLS
 from .distributed import RingDilatedAttention, RingMultiheadDilatedAttention
 from .kernels import backend_for
 from .multihead import MultiheadDilatedAttention
-from .profile.env import cpu_model
 
 DEFAULT_STORE = Path("runs/dilcompile.duckdb")
 HINTS = ("seq_len", "num_heads", "head_dim", "dtype", "device", "training")
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One registered kind.
+class Kind:
+    """One registered kind of attention module.
 
     ``attention(**config)`` and ``multihead(**config)`` build the modules
     (keyword-only parameters = the config keys the kind takes). ``computes``
@@ -70,7 +72,7 @@ class Variant:
     ``impl=`` accepts, for ``"auto"`` to choose among.
     """
 
-    kind: str
+    name: str  # what kind= takes; also the profiler variant whose runs measure it
     computes: str  # "dilated:longnet" | "dilated:groups" | "block-sparse" | ...
     attention: Callable[..., nn.Module]
     multihead: Callable[..., nn.Module]
@@ -79,13 +81,13 @@ class Variant:
     impls: Callable[[], tuple[str, ...]] = field(default=lambda: ("auto",))
 
 
-_REGISTRY: dict[str, Variant] = {}
+_REGISTRY: dict[str, Kind] = {}
 
 
-def register_variant(variant: Variant, *, replace: bool = False) -> None:
-    if variant.kind == "auto" or (variant.kind in _REGISTRY and not replace):
-        raise ValueError(f"kind {variant.kind!r} is reserved or already registered (replace=True to override)")
-    _REGISTRY[variant.kind] = variant
+def register_kind(kind: Kind, *, replace: bool = False) -> None:
+    if kind.name == "auto" or (kind.name in _REGISTRY and not replace):
+        raise ValueError(f"kind {kind.name!r} is reserved or already registered (replace=True to override)")
+    _REGISTRY[kind.name] = kind
 
 
 def kinds() -> tuple[str, ...]:
@@ -110,7 +112,7 @@ def _kernel_unusable(hints: dict) -> str | None:
     return None
 
 
-def _dilated_kind(kind: str, mode: str) -> Variant:
+def _dilated_kind(kind: str, mode: str) -> Kind:
     def attention(*, segment_lengths, dilation_rates, causal=False, scale=None, impl="auto"):
         return DilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, scale=scale, impl=impl)
 
@@ -121,12 +123,12 @@ def _dilated_kind(kind: str, mode: str) -> Variant:
                                          gamma_init=gamma_init, scale=scale, impl=impl)
 
     # impl="reference" is the float64 oracle, never a speed choice.
-    return Variant(kind, f"dilated:{mode}", attention, multihead, unusable=_kernel_unusable,
+    return Kind(kind, f"dilated:{mode}", attention, multihead, unusable=_kernel_unusable,
                    impls=lambda: tuple(i for i in IMPLS if i != "reference"))
 
 
-register_variant(_dilated_kind("dilated", "longnet"))
-register_variant(_dilated_kind("dilated-groups", "groups"))
+register_kind(_dilated_kind("dilated", "longnet"))
+register_kind(_dilated_kind("dilated-groups", "groups"))
 
 
 # -- block-sparse ---------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ def _block_sparse_multihead(*, embed_dim, num_heads, pattern, dropout=0.0, bias=
                                          device=device, dtype=dtype)
 
 
-register_variant(Variant("block-sparse", "block-sparse", _block_sparse_attention, _block_sparse_multihead,
+register_kind(Kind("block-sparse", "block-sparse", _block_sparse_attention, _block_sparse_multihead,
                          impls=lambda: tuple(i for i in BLOCK_SPARSE_IMPLS if i != "reference")))
 
 
@@ -166,7 +168,7 @@ def _ring_multihead(*, embed_dim, num_heads, segment_lengths, dilation_rates, dr
                                          scale=scale)
 
 
-register_variant(Variant("ring", "dilated:longnet", _ring_attention, _ring_multihead, priority=10,
+register_kind(Kind("ring", "dilated:longnet", _ring_attention, _ring_multihead, priority=10,
                          unusable=_ring_unusable, impls=lambda: ("auto", "sdpa")))
 
 
@@ -198,6 +200,8 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    from .profile.env import cpu_model  # the profiler (and its store) load only when "auto" reads the store
+
     return cpu_model()
 
 
@@ -275,7 +279,7 @@ def choose(config: dict, hints: dict, store: Path | str | None = None) -> Choice
     usable, refused = [], []
     for v in family:
         why = v.unusable(hints)
-        (refused.append(f"{v.kind}: {why}") if why else usable.append(v))
+        (refused.append(f"{v.name}: {why}") if why else usable.append(v))
     if not usable:
         raise ValueError(f"no kind computing {wanted!r} can serve this input: {'; '.join(refused)}")
     note = f" (not usable: {'; '.join(refused)})" if refused else ""
@@ -283,7 +287,7 @@ def choose(config: dict, hints: dict, store: Path | str | None = None) -> Choice
     if hints.get("seq_len") is None or hints.get("num_heads") is None or hints.get("head_dim") is None:
         measured, why = None, "no seq_len/num_heads/head_dim hints to match measured runs"
     else:
-        measured, why = _measured(store, hints, config, [v.kind for v in usable])
+        measured, why = _measured(store, hints, config, [v.name for v in usable])
     if measured:
         fixed = config.get("impl", "auto")  # an impl the caller named is kept
         allowed = [m for m in measured if m[1] in _REGISTRY[m[0]].impls() and fixed in ("auto", m[1])]
@@ -293,7 +297,7 @@ def choose(config: dict, hints: dict, store: Path | str | None = None) -> Choice
                           f"run(s) in {store}{note}", tuple(measured))
         why = f"measured impls {[m[1] for m in measured]} are not selectable"
     best = max(usable, key=lambda v: v.priority)
-    return Choice(best.kind, "auto", "rule", f"{why}; rule: highest-priority usable kind computing {wanted}{note}")
+    return Choice(best.name, "auto", "rule", f"{why}; rule: highest-priority usable kind computing {wanted}{note}")
 
 
 # -- the factories ---------------------------------------------------------------------------------

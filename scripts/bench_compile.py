@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from dilcompile import dilated_attention
-from dilcompile.compiler import HAS_TRITON, explain
+from dilcompile import compiler
+from dilcompile.compiler import explain
+from dilcompile.dilated import HAS_TRITON
 from dilcompile.dilated.geometry import nnz, plan_parts
 
 
@@ -195,6 +197,7 @@ def main() -> None:
     p.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the CPU section (on a GPU machine)")
     p.add_argument("--quick", action="store_true", help="small shapes: check the script runs")
     args = p.parse_args()
+    compiler.enable()  # the graph passes and the dilated_fwd lowering this script measures
     if args.quick:
         args.seq_len, args.segments, args.rates = 1024, [128, 256, 512, 1024], [1, 2, 4, 8]
         args.sweep, args.repeats, args.gpu_seq_len, args.million = [512, 1536, 2048], 2, 4096, False

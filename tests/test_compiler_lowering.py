@@ -1,10 +1,18 @@
 """The Inductor lowering of dilated_fwd and the measured choice it uses on CUDA."""
 
+import pytest
 import torch
 
-from dilcompile import dilated_attention
+from dilcompile import compiler, dilated_attention
 from dilcompile.compiler import lowering
 from dilcompile.testing import random_qkv
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _passes_and_lowering_enabled():
+    """These tests are about what the opt-in passes and lowering do."""
+    with compiler.enabled():
+        yield
 
 
 def test_cpu_lowering_uses_the_sdpa_decomposition():

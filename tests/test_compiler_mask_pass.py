@@ -6,11 +6,19 @@ import torch
 import torch.nn.functional as F
 
 import dilcompile.compiler.passes as passes_module
+from dilcompile import compiler
 from dilcompile.compiler import explain, switches
-from dilcompile.compiler.rewrite_mask import identify
+from dilcompile.compiler.rewrite_block_sparse import identify
 from dilcompile.patterns import causal as causal_of
 from dilcompile.patterns import dilated, global_local, local_window
 from dilcompile.testing import random_qkv
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _passes_and_lowering_enabled():
+    """These tests are about what the opt-in passes and lowering do."""
+    with compiler.enabled():
+        yield
 
 
 def _dense(pattern, heads, n, causal=False):
@@ -111,7 +119,7 @@ def test_graph_constant_mask_is_rewritten_in_float64():
     """A mask held by the graph (``get_attr``, as in frozen graphs) is known at compile time."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from dilcompile.compiler.rewrite_mask import rewrite_block_sparse
+    from dilcompile.compiler.rewrite_block_sparse import rewrite_block_sparse
 
     const = global_local(6, 4).dense_mask(1, 200)[0]
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=const)  # noqa: E731

@@ -9,10 +9,18 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from dilcompile import dilated_attention
 import dilcompile.compiler.passes as passes_module
+from dilcompile import compiler
 from dilcompile.compiler import explain, set_pass, switches
 from dilcompile.compiler.passes import DilcompilePass
-from dilcompile.compiler.rewrite import rewrite_dilated
+from dilcompile.compiler.rewrite_dilated import rewrite_dilated
 from dilcompile.testing import random_qkv
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _passes_and_lowering_enabled():
+    """These tests are about what the opt-in passes and lowering do."""
+    with compiler.enabled():
+        yield
 
 
 def seed_dilated(q, k, v, segment_lengths=(16, 32), dilation_rates=(1, 2), causal=False):
@@ -139,18 +147,16 @@ def test_cache_tag_changes_with_sources_so_no_stale_graph_is_served(monkeypatch,
             torch.compile(lambda x: x * 2 + 1)(torch.randn(8))
         return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
-    assert torch.compiler.config.cache_key_tag.startswith("dilcompile-") or "|dilcompile-" in \
-        torch.compiler.config.cache_key_tag
+    graph_pass = torch._inductor.config.post_grad_custom_post_pass  # our pass: part of the FX-graph cache key
+    assert graph_pass.uuid().startswith(f"dilcompile-{passes_module.source_hash()}-")
     assert compile_once() == (0, 1)
     assert compile_once() == (1, 0)  # same sources: served from the cache
     monkeypatch.setattr(passes_module, "source_hash", lambda: "0123456789abcdef")
-    passes_module.update_cache_tag()
     try:
-        assert "dilcompile-0123456789abcdef" in torch.compiler.config.cache_key_tag
+        assert "dilcompile-0123456789abcdef" in graph_pass.uuid()
         assert compile_once() == (0, 1)  # an edited lowering must not be served the old graph
     finally:
         monkeypatch.undo()
-        passes_module.update_cache_tag()
         torch._dynamo.reset()
 
 

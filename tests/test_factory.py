@@ -9,7 +9,7 @@ import torch
 
 from dilcompile import DilatedAttention, MultiheadDilatedAttention, dilated_attention
 from dilcompile import factory
-from dilcompile.factory import Variant, create_dilated_attention, create_multihead_dilated_attention, register_variant
+from dilcompile.factory import Kind, create_dilated_attention, create_multihead_dilated_attention, register_kind
 
 KW = dict(segment_lengths=(16, 32), dilation_rates=(1, 2))
 SHAPE = dict(seq_len=1024, num_heads=4, head_dim=16, dtype="float32", device="cpu")
@@ -35,7 +35,7 @@ def test_config_keys_are_checked_by_name():
     with pytest.raises(TypeError, match="embed_dim"):
         create_multihead_dilated_attention("dilated", num_heads=4, **KW)
     with pytest.raises(ValueError, match="reserved or already registered"):
-        register_variant(factory._REGISTRY["dilated"])
+        register_kind(factory._REGISTRY["dilated"])
 
 
 def test_auto_without_store_uses_the_rule_and_keeps_the_mode(tmp_path):
@@ -72,7 +72,7 @@ def twin():
     """A second kind computing the same thing as "dilated" (as a Triton or ring kind would)."""
     base = factory._REGISTRY["dilated"]
     state = {"unusable": None}
-    register_variant(Variant("dilated-twin", "dilated:longnet", base.attention, base.multihead,
+    register_kind(Kind("dilated-twin", "dilated:longnet", base.attention, base.multihead,
                              unusable=lambda hints: state["unusable"], impls=base.impls))
     yield state
     factory._REGISTRY.pop("dilated-twin")

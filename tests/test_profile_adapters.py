@@ -48,8 +48,9 @@ def fake_block_sparse(q, k, v, pattern, causal=False):
 
 @pytest.fixture
 def merged(monkeypatch):
-    monkeypatch.setattr(dilcompile, "MultiheadDilatedAttention", FakeMHA, raising=False)
-    monkeypatch.setattr(dilcompile, "block_sparse_attention", fake_block_sparse, raising=False)
+    # where the profiler's variants import them from
+    monkeypatch.setattr(dilcompile.multihead, "MultiheadDilatedAttention", FakeMHA, raising=False)
+    monkeypatch.setattr(dilcompile.block_sparse, "block_sparse_attention", fake_block_sparse, raising=False)
     patterns = types.ModuleType("dilcompile.patterns")
     patterns.from_spec = lambda spec: Band(int(spec.removeprefix("band(").removesuffix(")")))
     monkeypatch.setitem(sys.modules, "dilcompile.patterns", patterns)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import site
 import socket
 import sys
 from pathlib import Path
@@ -10,7 +12,21 @@ from pathlib import Path
 from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, fail
 
 PROG = "dilcompile dashboard"
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def app_path() -> Path:
+    """The dashboard's ``app.py``: the ``dilcompile.dashboard`` package of an
+    installed wheel, or the top-level ``dashboard/`` folder beside ``dilcompile/``
+    when running from a checkout (where it is not installed under that name)."""
+    spec = importlib.util.find_spec("dilcompile.dashboard")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))) / "app.py"
+    return _package_root() / "dashboard" / "app.py"
+
+
+def _package_root() -> Path:
+    """The folder holding the ``dilcompile`` package this process imported."""
+    return Path(importlib.util.find_spec("dilcompile").origin).resolve().parents[1]
 
 
 def add_parser(sub) -> None:
@@ -30,6 +46,16 @@ def streamlit_command(app: Path, address: str, port: int) -> list[str]:
             "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
+def _server_pythonpath() -> str:
+    """PYTHONPATH for the server, so it imports the dilcompile this process
+    imported: installed, or a checkout (e.g. ``python -m dilcompile`` run in it)."""
+    root = str(_package_root())
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in entries and root not in site.getsitepackages():
+        entries.insert(0, root)
+    return os.pathsep.join(entries)
+
+
 def _port_free(address: str, port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -42,8 +68,10 @@ def _port_free(address: str, port: int) -> bool:
 def run(args) -> int:
     if not 1 <= args.port <= 65535:
         return fail(PROG, f"--port must be in 1..65535, got {args.port}", USAGE_ERROR)
-    if not APP.exists():
-        return fail(PROG, f"the dashboard app is missing ({APP}); run from a dilcompile checkout", RUNTIME_ERROR)
+    app = app_path()
+    if not app.exists():
+        return fail(PROG, f"the dashboard app is missing ({app}); reinstall dilcompile (pip install "
+                          "'dilcompile[dashboard]') or run from a checkout", RUNTIME_ERROR)
     try:
         import plotly  # noqa: F401
         import streamlit  # noqa: F401
@@ -53,9 +81,9 @@ def run(args) -> int:
     if not _port_free(args.address, args.port):
         return fail(PROG, f"port {args.port} on {args.address} is in use; pass --port with a free one", RUNTIME_ERROR)
     db = os.path.abspath(args.db)
-    env = {**os.environ, "DILCOMPILE_DB": db}
+    env = {**os.environ, "DILCOMPILE_DB": db, "PYTHONPATH": _server_pythonpath()}
     print(f"dashboard: http://{args.address}:{args.port}  (store {db}; Ctrl+C stops it)", flush=True)
     # Become the server (exec, not a child): a signal to this process — Ctrl+C,
     # a supervisor's SIGTERM — reaches streamlit itself, so no server is orphaned.
-    command = streamlit_command(APP, args.address, args.port)
+    command = streamlit_command(app, args.address, args.port)
     os.execve(command[0], command, env)

@@ -1,26 +1,68 @@
-"""Everything the compiler sees: custom ops with fake and autograd rules, the
-Triton ops (when triton is installed), our Inductor graph passes with their
-switches, the FX-graph cache tag, and ``explain``.
+"""What Dynamo and Inductor see of dilcompile beyond its custom ops: our
+Inductor graph passes and their switches, the lowering of ``dilated_fwd``, the
+passes' cache key, and ``explain``.
 
-Importing this package registers the ops and installs the passes once.
+Importing changes no Inductor or torch.compiler setting. The passes and the
+lowering are opt-in::
+
+    dilcompile.compiler.enable()        # from now on (until disable())
+    with dilcompile.compiler.enabled(): # or for a block: compile *and* first call inside
+        ...
+
+The custom ops themselves (``torch.ops.dilcompile.*``) sit beside their
+implementations (``dilated/ops.py``, ``dilated/triton_ops.py``,
+``block_sparse/ops.py``, ``distributed/ops.py``) and need no opt-in.
 """
 
-from . import ops  # noqa: F401  (registers torch.ops.dilcompile.*)
+from __future__ import annotations
 
-try:
-    import triton  # noqa: F401
-except ImportError:  # optional dependency: impl="triton" then explains how to install it
-    HAS_TRITON = False
-else:
-    HAS_TRITON = True
-    from . import triton_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_triton_*)
+import contextlib
 
-from .explain import CompileReport, explain  # noqa: E402
-from .lowering import register_lowerings  # noqa: E402
-from .passes import enabled_passes, install, installed, set_pass, source_hash, switches  # noqa: E402
+from .explain import CompileReport, explain
+from .lowering import lowering_registered, register_lowerings, unregister_lowerings
+from .passes import enabled_passes, install_pass, pass_installed, set_pass, source_hash, switches, uninstall_pass
 
-install()
-register_lowerings()
 
-__all__ = ["CompileReport", "HAS_TRITON", "enabled_passes", "explain", "install", "installed",
-           "register_lowerings", "set_pass", "source_hash", "switches"]
+def enable() -> bool:
+    """Install our graph passes into Inductor's post-grad custom-pass slot
+    (chaining the pass it held) and register the ``dilated_fwd`` lowering.
+    Idempotent. Takes effect for graphs compiled afterwards (a function that
+    was already compiled keeps its graph until ``torch._dynamo.reset()``).
+    Returns False where this torch lacks the private Inductor API (then
+    nothing was changed and compiled code runs the custom ops as written)."""
+    if not install_pass():
+        return False
+    if not register_lowerings():
+        uninstall_pass()
+        return False
+    return True
+
+
+def disable() -> None:
+    """Undo ``enable()``: the slot holds exactly the pass it held before, and
+    the lowering table holds what it held before (Inductor's default fallback
+    or nothing)."""
+    uninstall_pass()
+    unregister_lowerings()
+
+
+def is_enabled() -> bool:
+    return pass_installed() and lowering_registered()
+
+
+@contextlib.contextmanager
+def enabled():
+    """``with enabled(): ...`` — the passes and lowering for the block; left as
+    found afterwards. Dynamo compiles at the first call, so call the compiled
+    function inside the block."""
+    was = is_enabled()
+    ok = enable()
+    try:
+        yield ok
+    finally:
+        if not was:
+            disable()
+
+
+__all__ = ["CompileReport", "disable", "enable", "enabled", "enabled_passes", "explain", "is_enabled", "set_pass",
+           "source_hash", "switches"]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch._dynamo.utils import counters
 
-from . import rewrite
+from .rewrite_dilated import LOG
 from .passes import enabled_passes, source_hash
 
 
@@ -32,7 +32,8 @@ class CompileReport:
 
 def explain(fn, *inputs, calls=None, dynamic=None, backend="inductor", **compile_kwargs) -> CompileReport:
     """Compile ``fn`` (a function or module) afresh (Dynamo reset, Inductor's
-    FX-graph cache bypassed) and call it.
+    FX-graph cache bypassed) and call it. Our passes rewrite only where
+    ``dilcompile.compiler.enable()`` is in effect; otherwise ``rewritten`` is empty.
 
     Args:
         fn: callable or nn.Module.
@@ -43,7 +44,7 @@ def explain(fn, *inputs, calls=None, dynamic=None, backend="inductor", **compile
     """
     torch._dynamo.reset()
     counters.clear()
-    rewrite.LOG.clear()
+    LOG.clear()
     compiled = torch.compile(fn, dynamic=dynamic, backend=backend, **compile_kwargs)
     # A cache hit would skip our passes (nothing to report) and hide the compile cost.
     no_cache = {k: False for k in ("fx_graph_cache", "autotune_local_cache") if hasattr(torch._inductor.config, k)}
@@ -61,8 +62,8 @@ def explain(fn, *inputs, calls=None, dynamic=None, backend="inductor", **compile
         graph_breaks=int(sum(breaks.values())),
         break_reasons=tuple(str(r)[:200] for r in breaks),
         recompiles=max(0, graphs - 1 - int(sum(breaks.values()))),
-        rewritten=tuple(r for log in rewrite.LOG for r in log.rewritten),
-        skipped=tuple(s for log in rewrite.LOG for s in log.skipped),
+        rewritten=tuple(r for log in LOG for r in log.rewritten),
+        skipped=tuple(s for log in LOG for s in log.skipped),
         passes=enabled_passes(),
         cache_tag=source_hash(),
     )

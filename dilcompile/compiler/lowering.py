@@ -1,7 +1,9 @@
 """Inductor lowering of ``dilcompile.dilated_fwd``: SDPA decomposition on CPU,
 measured choice between it and the Triton kernel on CUDA.
 
-What this is: ``register_lowerings()`` registers a lowering for the custom op.
+What this is: ``register_lowerings()`` (called by ``dilcompile.compiler.enable()``)
+registers a lowering for the custom op; ``unregister_lowerings()`` puts back
+whatever Inductor held for it before (nothing, or its default fallback).
 On CPU it emits the op as an extern kernel — the fused-SDPA decomposition of
 ``impl/sdpa.py``, the fastest we measured there (the Triton kernel does not
 run on CPU outside the interpreter). On CUDA with triton installed it emits
@@ -26,7 +28,7 @@ import time
 import torch
 from torch import Tensor
 
-from . import HAS_TRITON
+from ..dilated.api import HAS_TRITON, load_triton_ops
 
 TUNED: dict[tuple, str] = {}  # (device, dtype, shape, config) → "sdpa" or "triton"
 LOWERED: list[str] = []  # which path each lowering took (the tests read it)
@@ -40,6 +42,8 @@ def _candidates(q: Tensor) -> list[str]:
 
 
 def _run(name, q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask):
+    if name == "triton":
+        load_triton_ops()
     op = torch.ops.dilcompile.dilated_fwd if name == "sdpa" else torch.ops.dilcompile.dilated_triton_fwd
     return op(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
 
@@ -78,19 +82,34 @@ def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
 
 
-def register_lowerings() -> bool:
-    """Register the lowering once; False where this torch lacks the private API."""
+_NOT_REGISTERED, _ABSENT = object(), object()
+_previous = _NOT_REGISTERED  # what Inductor's table held for dilated_fwd before register_lowerings()
+
+
+def _inductor_lowering():
+    """Inductor's lowering module, or None where this torch lacks the private API we use."""
     try:
         from torch._inductor import lowering as L
     except ImportError:
+        return None
+    ok = all(hasattr(L, name) for name in ("register_lowering", "fallback_handler", "lowerings"))
+    return L if ok else None
+
+
+def register_lowerings() -> bool:
+    """Register the lowering (idempotent), replacing whatever the table held
+    for the op (Inductor adds a default fallback the first time it compiles
+    the op without ours). False where this torch lacks the private API."""
+    global _previous
+    L = _inductor_lowering()
+    if L is None:
         return False
-    if not all(hasattr(L, name) for name in ("register_lowering", "fallback_handler", "lowerings")):
-        return False
-    op = torch.ops.dilcompile.dilated_fwd.default
-    if op in L.lowerings:
+    if _previous is not _NOT_REGISTERED:
         return True
+    op = torch.ops.dilcompile.dilated_fwd.default
     sdpa = L.fallback_handler(op, add_to_fallback_set=False)
     tuned = L.fallback_handler(torch.ops.dilcompile.dilated_fwd_tuned.default, add_to_fallback_set=False)
+    previous = L.lowerings.get(op, _ABSENT)
 
     @L.register_lowering(op, type_promotion_kind=None)
     def _lower(q, *args, **kwargs):
@@ -101,4 +120,23 @@ def register_lowerings() -> bool:
         LOWERED.append("sdpa")
         return sdpa(q, *args, **kwargs)
 
+    _previous = previous
     return True
+
+
+def unregister_lowerings() -> None:
+    """Put back what Inductor's table held for the op before ``register_lowerings()``."""
+    global _previous
+    if _previous is _NOT_REGISTERED:
+        return
+    L = _inductor_lowering()
+    op = torch.ops.dilcompile.dilated_fwd.default
+    if _previous is _ABSENT:
+        L.lowerings.pop(op, None)
+    else:
+        L.lowerings[op] = _previous
+    _previous = _NOT_REGISTERED
+
+
+def lowering_registered() -> bool:
+    return _previous is not _NOT_REGISTERED

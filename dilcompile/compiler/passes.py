@@ -1,51 +1,64 @@
-"""Our Inductor graph passes, their on/off switches, and the FX-graph cache tag.
+"""Our Inductor graph passes, their on/off switches, and their cache key.
 
-``install()`` (called when ``dilcompile.compiler`` is imported) puts one
-``CustomGraphPass`` into Inductor's post-grad custom-pass slot; it runs each
-enabled pass of ``PASSES`` in order and chains whatever pass the slot already
-held. Its ``uuid()`` — part of Inductor's FX-graph cache key — hashes our
-pass and lowering sources plus the on/off switches, and the same hash is
-appended to ``torch.compiler.config.cache_key_tag``: Inductor does not key its
-cache on third-party code, so without this an upgrade of these files (or a
-switch flipped) would be served a stale compiled graph.
+``enable()`` puts one ``DilcompilePass`` into Inductor's post-grad custom-pass
+slot (``torch._inductor.config.post_grad_custom_post_pass``); it runs each
+enabled pass of ``PASSES`` in order and then the pass the slot held before.
+``disable()`` puts that previous pass back. Nothing happens at import.
+
+Cache key: Inductor does not key its FX-graph cache on third-party code, but it
+does put a custom pass's ``uuid()`` into the key. Ours is a hash of every file
+that can change a graph we compile (``SOURCES``: passes, rewrites, lowering,
+the custom and Triton ops, kernels, patterns), computed once per process, plus
+the on/off switches and the chained pass's uuid — so an upgrade of these
+files, or a switch flipped, is never served a stale compiled graph.
 
 Private-API guards (torch 2.11 … 2.13): the custom-pass slot and
 ``CustomGraphPass`` are looked up defensively; a torch without them runs
-without our passes (``installed()`` says so) instead of failing at import.
+without our passes (``enable()`` returns False) instead of failing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from pathlib import Path
 
 import torch
 
-from .rewrite import rewrite_dilated
-from .rewrite_mask import rewrite_block_sparse
+from .rewrite_block_sparse import rewrite_block_sparse
+from .rewrite_dilated import rewrite_dilated
 
 # name → pass(graph); run in this order
 PASSES = {"rewrite_dilated": rewrite_dilated, "rewrite_block_sparse": rewrite_block_sparse}
 _enabled = {name: True for name in PASSES}
 _PKG = Path(__file__).resolve().parent.parent
-# Everything whose change must invalidate a cached compiled graph.
+# Everything whose change can change a compiled graph (globs under the package root).
 SOURCES = (
-    "compiler/ops.py", "compiler/passes.py", "compiler/rewrite.py", "compiler/rewrite_mask.py",
-    "compiler/triton_ops.py", "block_sparse/ops.py",
-    "dilated/geometry.py", "dilated/impl/sdpa.py", "dilated/impl/triton.py",
-    "kernels/attention.py", "kernels/triton_dilated.py",
+    "compiler/passes.py", "compiler/rewrite_dilated.py", "compiler/rewrite_block_sparse.py", "compiler/lowering.py",
+    "dilated/ops.py", "dilated/triton_ops.py", "dilated/geometry.py", "dilated/impl/*.py",
+    "block_sparse/ops.py", "distributed/ops.py", "kernels/*.py", "patterns/*.py",
 )
 
 
-def source_hash() -> str:
-    """sha256 (hex, 16 chars) of our lowering/pass sources."""
+def source_files(root: Path = _PKG) -> tuple[Path, ...]:
+    """The files ``SOURCES`` names under ``root``, in a fixed order."""
+    return tuple(sorted({path for pattern in SOURCES for path in root.glob(pattern)}))
+
+
+def hash_sources(root: Path = _PKG) -> str:
+    """sha256 (hex, 16 chars) over the relative path and bytes of each source file under ``root``."""
     h = hashlib.sha256()
-    for rel in SOURCES:
-        path = _PKG / rel
-        h.update(rel.encode())
-        h.update(path.read_bytes() if path.exists() else b"<missing>")
+    for path in source_files(root):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+@functools.cache
+def source_hash() -> str:
+    """``hash_sources()`` of this installation, computed once per process."""
+    return hash_sources()
 
 
 def set_pass(name: str, enabled: bool) -> None:
@@ -55,7 +68,6 @@ def set_pass(name: str, enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {enabled!r}")
     _enabled[name] = enabled
-    update_cache_tag()
 
 
 def enabled_passes() -> dict[str, bool]:
@@ -72,10 +84,10 @@ def switches(**flags: bool):
         yield
     finally:
         _enabled.update(old)
-        update_cache_tag()
 
 
 def _cache_tag() -> str:
+    """Our part of the FX-graph cache key: source hash and switches."""
     return f"dilcompile-{source_hash()}-" + "".join("1" if _enabled[n] else "0" for n in PASSES)
 
 
@@ -106,31 +118,42 @@ class DilcompilePass(_Base):
 _SLOT = "post_grad_custom_post_pass"
 
 
-def install() -> bool:
-    """Put our pass into Inductor's post-grad slot and tag the FX-graph cache
-    (idempotent). Returns False where this torch has no such slot."""
-    from torch._inductor import config as inductor_config
+def _inductor_config():
+    from torch._inductor import config
 
-    if not hasattr(inductor_config, _SLOT):
+    return config
+
+
+def install_pass() -> bool:
+    """Put ``DilcompilePass`` into Inductor's post-grad slot, chaining what the
+    slot held (idempotent). False where this torch has no such slot."""
+    config = _inductor_config()
+    if not hasattr(config, _SLOT):
         return False
-    current = getattr(inductor_config, _SLOT)
+    current = getattr(config, _SLOT)
     if not isinstance(current, DilcompilePass):
-        setattr(inductor_config, _SLOT, DilcompilePass(current))
-    update_cache_tag()
+        setattr(config, _SLOT, DilcompilePass(current))
     return True
 
 
-def installed() -> bool:
-    from torch._inductor import config as inductor_config
+def uninstall_pass() -> None:
+    """Give the slot back the pass it held before ``install_pass()`` (no-op if ours is not there)."""
+    config = _inductor_config()
+    current = getattr(config, _SLOT, None)
+    if isinstance(current, DilcompilePass):
+        setattr(config, _SLOT, current.previous)
+    elif _chained(current):
+        raise RuntimeError(f"Inductor's {_SLOT} was replaced after dilcompile.compiler.enable() by {current!r}, "
+                           "which chains our pass; restore that slot before calling dilcompile.compiler.disable()")
 
-    return isinstance(getattr(inductor_config, _SLOT, None), DilcompilePass)
+
+def _chained(graph_pass) -> bool:
+    while graph_pass is not None:
+        if isinstance(graph_pass, DilcompilePass):
+            return True
+        graph_pass = getattr(graph_pass, "previous", None)
+    return False
 
 
-def update_cache_tag() -> None:
-    """Append our source hash and switches to ``torch.compiler.config.cache_key_tag``
-    (keeping a tag the user set)."""
-    cconfig = getattr(torch.compiler, "config", None)
-    if cconfig is None or not hasattr(cconfig, "cache_key_tag"):
-        return
-    user = [t for t in (cconfig.cache_key_tag or "").split("|") if t and not t.startswith("dilcompile-")]
-    cconfig.cache_key_tag = "|".join(user + [_cache_tag()])
+def pass_installed() -> bool:
+    return isinstance(getattr(_inductor_config(), _SLOT, None), DilcompilePass)

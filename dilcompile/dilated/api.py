@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
 from torch import Tensor
 
-from .. import compiler  # noqa: F401  (registers torch.ops.dilcompile)
 from ..checks import check_qkv
 from ..kernels import backend_for
+from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from .config import IMPLS, check_branches
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
 
-if compiler.HAS_TRITON:
-    from .impl.triton import check_triton_input
+# Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
+# is first used, by load_triton_ops().
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def load_triton_ops():
+    """Import triton and register ``torch.ops.dilcompile.dilated_triton_fwd/bwd``
+    (once; later calls are a dict lookup). Called where those ops are used:
+    impl="triton" (also while Dynamo traces it: its imports run for real, so
+    the ops exist before they enter the graph) and the CUDA lowering."""
+    if not HAS_TRITON:
+        raise ValueError("impl='triton' needs the triton package: pip install 'dilcompile[triton]' "
+                         "(or use impl='sdpa')")
+    from . import triton_ops
+
+    return triton_ops
 
 
 def _check_key_padding_mask(mask, q: Tensor) -> None:
@@ -38,9 +53,9 @@ def choose_impl(q: Tensor, impl: str) -> str:
     if impl == "reference":
         return impl
     if impl == "triton":
-        if not compiler.HAS_TRITON:
-            raise ValueError("impl='triton' needs the triton package: pip install 'dilcompile[triton]' "
-                             "(or use impl='sdpa')")
+        load_triton_ops()
+        from .impl.triton import check_triton_input  # needs triton, imported just above
+
         check_triton_input(q)
         return impl
     # "auto" stays on the fused SDPA kernels: the Triton kernel has no GPU

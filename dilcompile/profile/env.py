@@ -78,7 +78,7 @@ def driver_version() -> str | None:
 
 def capture(device: torch.device) -> dict:
     """The ``sweeps`` table's environment columns for ``device``."""
-    from .. import __version__
+    from .._version import __version__
 
     env = {
         "device_uuid": None,

@@ -149,14 +149,14 @@ def _missing(variant: str, what: str, exc: ImportError) -> VariantUnavailable:
 
 def _requires_multihead() -> None:
     try:
-        from dilcompile import MultiheadDilatedAttention  # noqa: F401
+        from dilcompile.multihead import MultiheadDilatedAttention  # noqa: F401
     except ImportError as exc:
         raise _missing("multihead", "dilcompile.MultiheadDilatedAttention", exc) from None
 
 
 def _requires_block_sparse() -> None:
     try:
-        from dilcompile import block_sparse_attention  # noqa: F401
+        from dilcompile.block_sparse import block_sparse_attention  # noqa: F401
         from dilcompile.patterns import from_spec  # noqa: F401
     except ImportError as exc:
         raise _missing("block-sparse", "dilcompile.block_sparse_attention and dilcompile.patterns.from_spec",
@@ -166,7 +166,7 @@ def _requires_block_sparse() -> None:
 @functools.lru_cache(maxsize=8)
 def _mha_module(embed_dim, heads, segments, rates, dtype, device):
     # One module per configuration across a length sweep, so a compiled module is reused.
-    from dilcompile import MultiheadDilatedAttention
+    from dilcompile.multihead import MultiheadDilatedAttention
     torch.manual_seed(0)
     return MultiheadDilatedAttention(embed_dim, heads, segments, rates).to(device=device, dtype=getattr(torch, dtype))
 
@@ -230,7 +230,7 @@ def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
           requires=_requires_block_sparse)
 def _block_sparse(point: Point, spec: str) -> Built:
     try:
-        from dilcompile import block_sparse_attention
+        from dilcompile.block_sparse import block_sparse_attention
         from dilcompile.patterns import from_spec
     except ImportError as exc:
         raise _missing(f"block-sparse:{spec}", "dilcompile.block_sparse_attention and dilcompile.patterns.from_spec",

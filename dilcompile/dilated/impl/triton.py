@@ -2,7 +2,7 @@
 
 Host-side launchers only: they validate what the kernels cannot serve, lay
 out the branch table and launch through ``torch.library.wrap_triton`` so the
-launch is traceable (``compiler/triton_ops.py`` wraps them in
+launch is traceable (``dilated/triton_ops.py`` wraps them in
 ``torch.library.triton_op``; Inductor then sees the kernels and fuses around
 them). Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors.
 """

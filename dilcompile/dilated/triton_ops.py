@@ -5,8 +5,13 @@ Unlike a ``custom_op``, a ``triton_op`` is transparent to Inductor: the body is
 traced and its ``wrap_triton`` launches become user-defined Triton kernels in
 the compiled graph, so Inductor can fuse the pointwise work around them (the
 Δ = rowsum(dO ∘ O) of the backward, casts, the groups-mode 1/m). Dynamo still
-sees one node per call. Imported only when triton is installed. Under
-TRITON_INTERPRET=1 the same bodies are registered as opaque ``custom_op`` s.
+sees one node per call. Under TRITON_INTERPRET=1 the same bodies are
+registered as opaque ``custom_op`` s.
+
+This module imports triton, so nothing imports it at ``import dilcompile``:
+``dilated_attention(..., impl="triton")`` and the CUDA lowering import it on
+first use (``ops.triton_ops()``); under ``torch.compile`` that happens while
+Dynamo traces the call, before the op enters the graph.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.library import custom_op, triton_op
 
-from ..dilated.impl.triton import dilated_backward_triton, dilated_forward_triton, interpreting
+from .impl.triton import dilated_backward_triton, dilated_forward_triton, interpreting
 from .ops import register_dilated_autograd
 
 

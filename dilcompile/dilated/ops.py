@@ -1,15 +1,16 @@
-"""``torch.ops.dilcompile.*``: the dilated attention forward and backward as
-custom ops, so Dynamo and Inductor see one node per call (no trace through the
-Python loop over parts, no guards on N) with a fake rule for shapes and an
-autograd rule that routes to the backward op."""
+"""``torch.ops.dilcompile.dilated_fwd/bwd``: the dilated attention forward and
+backward (``impl/sdpa.py``) as custom ops, so Dynamo and Inductor see one node
+per call (no trace through the Python loop over parts, no guards on N) with a
+fake rule for shapes and an autograd rule that routes to the backward op.
+Registered when this module is imported (torch only, cheap)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ..dilated.geometry import plan_parts
-from ..dilated.impl.sdpa import dilated_backward, dilated_forward
+from .geometry import plan_parts
+from .impl.sdpa import dilated_backward, dilated_forward
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:

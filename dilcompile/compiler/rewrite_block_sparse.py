@@ -45,7 +45,9 @@ import torch
 from torch import fx
 from torch.fx.operator_schemas import normalize_function
 
-from .rewrite import LOG, SDPA_TARGETS, RewriteLog, _val
+from .. import patterns
+from ..block_sparse import ops as _block_sparse_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_fwd)
+from .rewrite_dilated import LOG, SDPA_TARGETS, RewriteLog, _val
 
 aten = torch.ops.aten
 
@@ -107,16 +109,12 @@ def _as_bool(mask: torch.Tensor, heads: int, n: int) -> torch.Tensor | str:
 
 
 def _local_window(sym: torch.Tensor) -> list:
-    from ..patterns import local_window
-
     idx = torch.arange(sym.shape[-1])
     dist = (idx[:, None] - idx[None, :]).abs().expand_as(sym)
-    return [local_window(int(dist[sym].max()))]
+    return [patterns.local_window(int(dist[sym].max()))]
 
 
 def _global_local(sym: torch.Tensor) -> list:
-    from ..patterns import global_local
-
     n = sym.shape[-1]
     full_rows = sym.all(-1).all(0) & sym.all(-2).all(0)  # token t: row t and column t all allowed
     g = int(full_rows.long().cumprod(0).sum())
@@ -126,7 +124,7 @@ def _global_local(sym: torch.Tensor) -> list:
     dist = (idx[:, None] - idx[None, :]).abs().expand_as(sym)
     rest = sym[:, g:, g:]
     window = int(dist[:, g:, g:][rest].max()) if bool(rest.any()) else 0
-    return [global_local(window, g)]
+    return [patterns.global_local(window, g)]
 
 
 def _inside_head0(allowed: torch.Tensor, w: int, r: int) -> bool:
@@ -141,8 +139,6 @@ def _inside_head0(allowed: torch.Tensor, w: int, r: int) -> bool:
 def _dilated(sym: torch.Tensor) -> list:
     """The union of every single LongNet branch (w, r) inside ``sym``, pruned
     of branches the others cover; [] if that union is not ``sym``."""
-    from ..patterns import dilated
-
     heads, n, _ = sym.shape
     row0 = sym[0, 0]  # head 0 has offset 0 in every branch: a branch (w, r) there allows keys 0, r, 2r, … < w
     inside = []
@@ -157,7 +153,7 @@ def _dilated(sym: torch.Tensor) -> list:
             return []
         for w in widths:
             if r < w <= min(w_max, n) and _inside_head0(sym[0], w, r):
-                part = dilated((w,), (r,)).dense_mask(heads, n)
+                part = patterns.dilated((w,), (r,)).dense_mask(heads, n)
                 if bool((part <= sym).all()):
                     inside.append(((w, r), part))
     if not inside:
@@ -172,7 +168,7 @@ def _dilated(sym: torch.Tensor) -> list:
         else:
             kept.append(item)
     kept.sort(key=lambda it: it[0])
-    return [dilated(tuple(w for (w, _), _ in kept), tuple(r for (_, r), _ in kept))]
+    return [patterns.dilated(tuple(w for (w, _), _ in kept), tuple(r for (_, r), _ in kept))]
 
 
 def identify(mask: torch.Tensor) -> tuple[object, bool] | str:
@@ -270,10 +266,7 @@ def _rewrite_one(graph: fx.Graph, node: fx.Node):
 
 
 def _replace(graph, node, getters, q, k, v, pattern, causal, scale):
-    from ..block_sparse import ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_fwd)
-    from ..patterns import template
-
-    structure, numbers = template(pattern)
+    structure, numbers = patterns.template(pattern)
     fake_mode = torch._guards.detect_fake_mode([_val(q)])
     with graph.inserting_before(node):
         # The numbers enter as an in-graph float64 tensor (the op reads them on the host).

@@ -1,0 +1,466 @@
+"""The package as a whole: importing it is cheap and changes no global
+setting; every module imports alone; no import cycles; the compiler's opt-in
+and its cache key; the wheel carries the dashboard and it starts from there."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from dilcompile import compiler
+from dilcompile.compiler import passes
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "dilcompile"
+# Not imported by `import dilcompile`: slow (Dynamo/Inductor ~2 s, triton ~1 s) or optional.
+HEAVY = ("torch._dynamo", "torch._inductor", "triton", "duckdb", "streamlit", "plotly", "pandas",
+         "dilcompile.compiler", "dilcompile.profile", "dilcompile.store", "dilcompile.dilated.triton_ops",
+         "dilcompile.kernels.triton_dilated")
+
+
+def _python(code: str, cwd=ROOT, env=None, timeout=120) -> str:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path; its stdout."""
+    env = {**os.environ, **(env or {})}
+    env.setdefault("PYTHONPATH", str(ROOT))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+# -- importing -------------------------------------------------------------------------------------
+
+def test_import_changes_no_inductor_or_compiler_setting():
+    out = _python("""
+        import json, torch
+        from torch._inductor import config as inductor
+        settings = lambda: {**{"inductor." + k: v for k, v in inductor.get_config_copy().items()},
+                            **{"compiler." + k: v for k, v in torch.compiler.config.get_config_copy().items()}}
+        before = settings()
+        slot, tag = inductor.post_grad_custom_post_pass, torch.compiler.config.cache_key_tag
+        import dilcompile
+        import dilcompile.compiler  # importing the compiler package does not enable it either
+        after = settings()
+        print(json.dumps({"changed": sorted(k for k in before if before[k] is not after[k] and before[k] != after[k]),
+                          "slot": inductor.post_grad_custom_post_pass is slot,
+                          "tag": torch.compiler.config.cache_key_tag == tag}))
+    """)
+    result = json.loads(out)
+    assert result == {"changed": [], "slot": True, "tag": True}, result
+
+
+def test_import_loads_no_heavy_module():
+    out = _python("""
+        import json, sys, torch
+        before = set(sys.modules)
+        import dilcompile
+        print(json.dumps(sorted(set(sys.modules) - before)))
+    """)
+    loaded = json.loads(out)
+    heavy = [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    assert not heavy, heavy
+    assert "dilcompile.dilated.ops" in loaded  # the custom ops do register at import
+
+
+def test_subpackages_load_on_first_access():
+    out = _python("""
+        import sys, dilcompile
+        assert "dilcompile.compiler" not in sys.modules
+        print(dilcompile.compiler.enable.__module__)
+    """)
+    assert out.strip() == "dilcompile.compiler"
+
+
+def test_triton_ops_register_on_first_use_inside_torch_compile():
+    """impl="triton" used for the first time inside a compiled function: the
+    import runs while Dynamo traces, and the op enters one full graph."""
+    pytest.importorskip("triton", reason="triton not installed (pip install 'dilcompile[triton]')")
+    out = _python("""
+        import sys, torch
+        from torch._dynamo.utils import counters
+        from dilcompile import dilated_attention
+        assert "dilcompile.dilated.triton_ops" not in sys.modules  # (torch._dynamo itself imports triton)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        fn = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(8, 16), dilation_rates=(1, 2), impl="triton")
+        q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
+        got = torch.compile(fn, fullgraph=True)(q, k, v)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+        torch.testing.assert_close(got, fn(q, k, v))
+        print(torch.ops.dilcompile.dilated_triton_fwd.default.name())
+    """, timeout=300)
+    assert out.strip() == "dilcompile::dilated_triton_fwd"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package: dotted name → file."""
+    found = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+# One interpreter imports torch (not part of the package, and the slow part); each module is then
+# imported in its own forked child, so every child starts with no dilcompile module loaded.
+_IMPORT_EACH_ALONE = """
+import importlib, importlib.util, json, os, sys, traceback
+import torch
+failures = {}
+for name in json.loads(sys.argv[1]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            importlib.import_module(name)
+            status = 0
+        except ModuleNotFoundError as exc:  # an optional dependency that is not installed is fine
+            optional = exc.name and not exc.name.startswith("dilcompile") and importlib.util.find_spec(
+                exc.name.partition(".")[0]) is None
+            os.write(write, ("" if optional else traceback.format_exc()).encode())
+            status = 0 if optional else 1
+        except BaseException:
+            os.write(write, traceback.format_exc().encode())
+            status = 1
+        os._exit(status)
+    os.close(write)
+    message = b""
+    while chunk := os.read(read, 1 << 16):
+        message += chunk
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        failures[name] = message.decode()[-1500:] or f"exit status {status}"
+print(json.dumps(failures))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="imports each module in a forked child (POSIX)")
+def test_every_module_imports_alone():
+    names = [m for m in _modules() if m != f"{PACKAGE}.__main__"]  # __main__ runs the CLI when imported
+    out = subprocess.run([sys.executable, "-c", _IMPORT_EACH_ALONE, json.dumps(names)], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    failures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not failures, "\n".join(f"{name}:\n{why}" for name, why in failures.items())
+    assert len(names) > 50  # the walk found the package
+
+
+# -- import cycles ---------------------------------------------------------------------------------
+
+def _import_statements(body, everywhere: bool):
+    """Import statements run when the module is imported (``everywhere``: also those in function bodies)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not everywhere:
+            continue
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            yield from _import_statements(node.orelse, everywhere)
+        else:
+            yield from _import_statements([c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)],
+                                          everywhere)
+
+
+def _imported(name: str, path: Path, modules: dict, everywhere: bool) -> set[str]:
+    """The package's modules that ``name`` imports (a ``from pkg import x`` of a submodule x names pkg.x)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _import_statements(ast.parse(path.read_text(), str(path)).body, everywhere):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target:
+                found.add(target)
+    return found
+
+
+def import_graph(everywhere: bool = False) -> dict[str, set[str]]:
+    """module → modules whose code its import runs: each imported module and
+    its parent packages, except the importer's own parents (already loading)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        edges = set()
+        for target in _imported(name, path, modules, everywhere):
+            parts = target.split(".")
+            edges |= {".".join(parts[:i]) for i in range(1, len(parts))} - own
+            edges.add(target)
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_sees_a_cycle_through_a_package_init():
+    graph = {"p": {"p.a"}, "p.a": {"q"}, "q": {"q.b"}, "q.b": {"p"}, "r": set()}
+    assert cycles(graph) == [["p", "p.a", "q", "q.b"]]
+
+
+def test_no_import_cycle_among_module_level_imports():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_hidden_in_function_level_imports():
+    """An import moved into a function to dodge a cycle is still a cycle."""
+    assert cycles(import_graph(everywhere=True)) == []
+
+
+# -- the compiler's opt-in -------------------------------------------------------------------------
+
+class _OtherPass:
+    """Stands for a pass someone else put in Inductor's slot first."""
+
+    def __call__(self, graph):
+        pass
+
+    def uuid(self):
+        return "other-pass"
+
+
+def _window_masked(q, k, v):
+    i = torch.arange(q.shape[2], device=q.device)
+    mask = (i[:, None] - i[None, :]).abs() <= 8  # a local window: the mask pass recognises it
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_enable_disable_and_context_manager_restore_inductor_exactly():
+    from torch._inductor import config as inductor
+    from torch._inductor import lowering as inductor_lowering
+
+    from dilcompile.compiler import lowering
+
+    op = torch.ops.dilcompile.dilated_fwd.default
+    missing = object()
+    assert not compiler.is_enabled()
+    tag = torch.compiler.config.cache_key_tag
+    other = _OtherPass()
+    q, k, v = (torch.randn(1, 2, 64, 8) for _ in range(3))
+    with inductor.patch(post_grad_custom_post_pass=other, fx_graph_cache=False), torch.no_grad():
+        # Compiled before enable(): Inductor's default fallback goes into its lowering table.
+        torch._dynamo.reset()
+        torch.compile(_dilated)(q, k, v)
+        before = inductor_lowering.lowerings.get(op, missing)
+        lowering.LOWERED.clear()
+        for _ in range(2):  # idempotent
+            assert compiler.enable()
+        slot = inductor.post_grad_custom_post_pass
+        assert isinstance(slot, passes.DilcompilePass) and slot.previous is other
+        assert inductor_lowering.lowerings[op] is not before
+        torch._dynamo.reset()
+        torch.compile(_dilated)(q, k, v)
+        assert lowering.LOWERED == ["sdpa"]  # ours replaced the fallback
+        assert compiler.explain(_window_masked, q, k, v).rewritten  # the passes run
+
+        compiler.disable()
+        assert inductor.post_grad_custom_post_pass is other
+        assert inductor_lowering.lowerings.get(op, missing) is before
+        assert not compiler.explain(_window_masked, q, k, v).rewritten
+        compiler.disable()  # a second disable changes nothing
+        assert inductor.post_grad_custom_post_pass is other
+
+        with compiler.enabled():
+            assert compiler.is_enabled() and inductor.post_grad_custom_post_pass.previous is other
+        assert inductor.post_grad_custom_post_pass is other
+        assert inductor_lowering.lowerings.get(op, missing) is before
+        compiler.enable()
+        with compiler.enabled():  # nested in an enable(): leaves it enabled
+            pass
+        assert compiler.is_enabled()
+        compiler.disable()
+        assert inductor.post_grad_custom_post_pass is other and not compiler.is_enabled()
+    assert torch.compiler.config.cache_key_tag == tag
+    torch._dynamo.reset()
+
+
+def _dilated(q, k, v):
+    from dilcompile import dilated_attention
+
+    return dilated_attention(q, k, v, segment_lengths=(16, 32), dilation_rates=(1, 2))
+
+
+# -- the cache key ---------------------------------------------------------------------------------
+
+# Code that defines an op (its schema, fake rule), a lowering or a Triton kernel: it shapes compiled graphs.
+_GRAPH_MARKERS = re.compile(r'\(\s*"dilcompile::|@triton\.jit|\.register_lowering\(|\.register_fake\b')
+
+
+def test_cache_key_hashes_every_file_that_can_change_a_graph():
+    hashed = {p.relative_to(ROOT / PACKAGE).as_posix() for p in passes.source_files()}
+    for rel in ("compiler/lowering.py", "compiler/passes.py", "compiler/rewrite_dilated.py",
+                "compiler/rewrite_block_sparse.py", "dilated/ops.py", "dilated/triton_ops.py", "block_sparse/ops.py",
+                "distributed/ops.py", "kernels/triton_dilated.py", "patterns/base.py", "patterns/spec.py"):
+        assert rel in hashed, rel
+    marked = {p.relative_to(ROOT / PACKAGE).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")
+              if _GRAPH_MARKERS.search(p.read_text())}
+    assert marked <= hashed, sorted(marked - hashed)
+    for pattern in passes.SOURCES:  # no stale entry
+        assert list((ROOT / PACKAGE).glob(pattern)), pattern
+
+
+def test_cache_key_changes_when_a_hashed_file_changes_and_is_computed_once(tmp_path, monkeypatch):
+    for path in passes.source_files():
+        for tree in ("a", "b"):
+            copy = tmp_path / tree / path.relative_to(ROOT / PACKAGE)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
+    assert passes.hash_sources(tmp_path / "a") == passes.source_hash()
+    lowering = tmp_path / "b" / "compiler" / "lowering.py"
+    lowering.write_text(lowering.read_text() + "\n# edited\n")
+    assert passes.hash_sources(tmp_path / "b") != passes.hash_sources(tmp_path / "a")
+
+    calls = []
+    real = passes.hash_sources
+    monkeypatch.setattr(passes, "hash_sources", lambda *a: calls.append(a) or real(*a))
+    passes.source_hash.cache_clear()
+    try:
+        graph_pass = passes.DilcompilePass()
+        keys = {graph_pass.uuid() for _ in range(3)}
+        assert len(keys) == 1 and len(calls) == 1
+    finally:
+        passes.source_hash.cache_clear()
+
+
+# -- the wheel -------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, a --target folder it is installed into, without dependencies)."""
+    pytest.importorskip("setuptools", reason="building the wheel needs setuptools (pip install setuptools)")
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"  # a copy: the build writes build/ and *.egg-info next to pyproject.toml
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(ROOT / name, source / name)
+    for name in (PACKAGE, "dashboard"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist")],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp / "dist").glob("*.whl")
+    subprocess.run(pip + ["install", "--no-deps", "--target", str(tmp / "site"), str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    return wheel, tmp / "site"
+
+
+def test_wheel_holds_every_module_and_the_dashboard(installed_wheel):
+    wheel, _ = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    want = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")}
+    want |= {f"{PACKAGE}/dashboard/" + p.relative_to(ROOT / "dashboard").as_posix()
+             for p in (ROOT / "dashboard").rglob("*.py")}
+    missing = sorted(want - names)
+    assert not missing, f"not in the wheel (add the package to pyproject.toml's packages): {missing}"
+    assert f"{PACKAGE}/dashboard/app.py" in names and f"{PACKAGE}/dashboard/views/overview.py" in names
+
+
+def test_dashboard_starts_from_the_installed_wheel(installed_wheel, tmp_path):
+    pytest.importorskip("streamlit", reason="the dashboard needs streamlit: pip install 'dilcompile[dashboard]'")
+    pytest.importorskip("plotly", reason="the dashboard needs plotly: pip install 'dilcompile[dashboard]'")
+    _, site = installed_wheel
+    # Outside the checkout, with only the installed wheel (and the venv's dependencies) importable.
+    env = {**os.environ, "PYTHONPATH": str(site), "DILCOMPILE_REFERENCE_RUNS": str(tmp_path / "none"),
+           "TMPDIR": str(tmp_path)}
+    db = tmp_path / "runs.duckdb"
+    out = _python(f"""
+        import dilcompile, dilcompile.cli.dashboard as cli
+        from streamlit.testing.v1 import AppTest
+        app = cli.app_path()
+        assert str(app).startswith({str(site)!r}) and dilcompile.__file__.startswith({str(site)!r}), app
+        at = AppTest.from_file(str(app), default_timeout=120).run()
+        assert not at.exception, [e.value for e in at.exception]
+        print(" ".join(w.value for w in at.warning))
+        at.switch_page("views/patterns.py").run()  # a page that draws (torch + plotly), no store needed
+        assert not at.exception, [e.value for e in at.exception]
+    """, cwd=tmp_path, env={**env, "DILCOMPILE_DB": str(db)}, timeout=300)
+    assert "Nothing to show yet" in out and str(db) in out  # the overview page ran, on the empty store
+
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w+")
+    server = subprocess.Popen([sys.executable, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port)],
+                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200 and r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            log.seek(0)
+            assert server.poll() is None and time.monotonic() < deadline, log.read()[-3000:]
+            time.sleep(0.5)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
