@@ -62,7 +62,7 @@ def test_block_size_past_n_is_one_block(block_size):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     for g, w in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
-    assert cache.size() == 1 and all(key[3] == 40 for key in cache._entries)  # (kind, pattern, N, block size, …)
+    assert cache.size() == 1 and all(plan.block_size == 40 for plan in cache._entries.values())
     cache.clear()
 
 
