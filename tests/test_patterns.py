@@ -229,7 +229,7 @@ def test_candidates_list_a_subset_of_the_all_pairs_build_with_the_same_full_bloc
 
 
 def test_candidate_builds_do_not_depend_on_chunking(monkeypatch):
-    from dilcompile.patterns import base
+    from dilcompile.patterns import blocks
 
     rb_module = importlib.import_module("dilcompile.patterns.random_blocks")  # the package rebinds the name
     pats = [union(local_window(30), random_blocks(0.1, 32, 9)), hilbert(30, 41, 2), causal(random_blocks(0.2, 8))]
@@ -237,7 +237,7 @@ def test_candidate_builds_do_not_depend_on_chunking(monkeypatch):
     nb = -(-n // bs)  # 77
     want = [[p.block_lists(2, n, bs, transpose=t, partial_only=t) for t in (False, True)] for p in pats]
     want_q = [p.block_mask(1, 2, n, bs) for p in pats]
-    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", 4 * nb)  # 4 rows per chunk, one in the last
+    monkeypatch.setattr(blocks, "CHUNK_ELEMENTS", 4 * nb)  # 4 rows per chunk, one in the last
     monkeypatch.setattr(rb_module, "_HASH_PIECE", 100)
     for p, lists in zip(pats, want):
         for t, w in zip((False, True), lists):

@@ -11,7 +11,7 @@ from ..checks import check_qkv
 from ..patterns import Pattern, from_spec
 from ..patterns import causal as causal_of
 from . import cache
-from . import ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_*)
+from . import ops  # registers torch.ops.dilcompile.block_sparse_*
 from .config import IMPLS
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
@@ -73,19 +73,23 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int (e.g. 128), got {block_size!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    chosen = choose_impl(q, pattern, impl, needs_grad)
+    if q.numel() == 0:  # B, H, N or D is 0: the output (B, H, N, D) is empty whatever the pattern
+        return q * 0 + (k * 0 + v * 0)  # empty, and connected to q, k, v for autograd
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
-    chosen = choose_impl(q, pattern, impl, torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     b, h, n, _ = q.shape
 
     if pattern.data_dependent:
         idx, valid, bias = pattern.select(q, k, causal)
+        own_block = min(pattern.config.block_size, n)  # one block either way when it passes N
         if chosen == "reference":
-            mask = _selection_mask(idx, valid, pattern.config.block_size, n, causal)
+            mask = _selection_mask(idx, valid, own_block, n, causal)
             return masked_attention_reference(q, k, v, mask, float(scale)).to(q.dtype)
-        return gather_attention_autograd(q, k, v, idx, valid, bias, pattern.config.block_size, causal, float(scale))
+        return gather_attention_autograd(q, k, v, idx, valid, bias, own_block, causal, float(scale))
 
     if chosen == "reference":
         bound = (causal_of(pattern) if causal else pattern).with_heads(h)
@@ -102,8 +106,13 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     if not hasattr(pattern, "_structure"):
         raise ValueError(f"pattern {pattern!r} was built inside torch.compile; build it outside the compiled "
                          "function (or hold it on the module) and pass it in")
+    # A block as long as the sequence holds all of it: a larger one only pads
+    # (the gather backend's masks grow as block_size²).
+    if not torch.compiler.is_compiling():  # the op's own functions, without its dispatch (see ops)
+        return ops.gather_eager(q, k, v, pattern._structure, pattern._numbers, causal, float(scale),
+                                min(block_size, n), needs_grad)
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
-                                                   float(scale), block_size)
+                                                   float(scale), min(block_size, n))
     return out
 
 

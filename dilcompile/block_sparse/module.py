@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..patterns import Pattern, from_spec
+from . import cache
 from .api import block_sparse_attention
 from .config import BlockSparseAttentionConfig
 
@@ -42,8 +43,6 @@ class BlockSparseAttention(nn.Module):
         """Build and cache the FlexAttention BlockMask for this shape eagerly, so
         a compiled forward can use ``impl="flex"`` (masks cannot be built inside
         ``torch.compile``). The gather backend needs no preparation."""
-        from . import cache
-
         c = self.config
         causal = c.causal if causal is None else causal
         if not self.pattern.data_dependent:

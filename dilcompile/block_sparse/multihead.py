@@ -7,6 +7,7 @@ from torch import Tensor
 
 from ..multihead.base import MultiheadAttentionBase
 from ..patterns import Pattern, from_spec
+from . import cache
 from .api import block_sparse_attention
 from .config import BlockSparseAttentionConfig
 
@@ -74,8 +75,6 @@ class MultiheadBlockSparseAttention(MultiheadAttentionBase):
         seq_len) eagerly, so a compiled forward on CUDA can use FlexAttention
         (masks cannot be built inside ``torch.compile``). The gather backend
         needs no preparation."""
-        from . import cache
-
         if not self.pattern.data_dependent:
             cache.block_mask(self.pattern, causal, batch, self.num_heads, seq_len, self.config.block_size, device)
 

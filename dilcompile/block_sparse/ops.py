@@ -1,11 +1,15 @@
 """``torch.ops.dilcompile.block_sparse_fwd/bwd``: the gather backend as custom
-ops, so a compiled graph holds one node per call.
+ops, so a compiled graph holds one node per call. Eager calls take
+``gather_eager`` instead: the same forward and backward under a plain
+``autograd.Function`` (the custom op's Python dispatch costs ~75 µs a call,
+which a short kernel feels).
 
 The pattern crosses the op boundary as its *structure* (a spec string with
 the numbers taken out, see ``patterns.template``) plus its numbers as a
 float64 tensor. Dynamo guards on the structure only: changing a window, a
 density or a seed feeds a different tensor to the same graph (no recompile).
-The op rebuilds the pattern (cached) and looks its plan up in the mask cache.
+The op looks its plan up by (structure, numbers, causal, heads, N, block size,
+device): a cached call builds no pattern.
 """
 
 from __future__ import annotations
@@ -13,17 +17,39 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..patterns import from_template
 from . import cache
 from .impl.gather import gather_backward, gather_forward
 
 
 def _plan(q: Tensor, structure: str, numbers: Tensor, causal: bool, block_size: int):
-    from ..patterns import causal as causal_of
+    return cache.op_plan(structure, tuple(numbers.tolist()), causal, q.shape[1], q.shape[2], block_size, q.device)
 
-    pattern = from_template(structure, tuple(numbers.tolist()))
-    pattern = (causal_of(pattern) if causal else pattern).with_heads(q.shape[1])
-    return cache.gather_plan(pattern, q.shape[1], q.shape[2], block_size, q.device)
+
+class _Gather(torch.autograd.Function):
+    """The custom op's forward and backward (identical numerics) without its dispatch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, scale):
+        out, lse = gather_forward(q, k, v, plan, scale)
+        out, lse = out.contiguous(), lse.contiguous()
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale = plan, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = gather_backward(grad_out, q, k, v, out, lse, ctx.plan, ctx.scale)
+        return *(g.contiguous() for g in grads), None, None
+
+
+def gather_eager(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tensor, causal: bool, scale: float,
+                 block_size: int, needs_grad: bool) -> Tensor:
+    """``block_sparse_fwd``'s output outside ``torch.compile``, differentiable when ``needs_grad``."""
+    plan = _plan(q, structure, numbers, causal, block_size)
+    if needs_grad:
+        return _Gather.apply(q, k, v, plan, scale)
+    return gather_forward(q, k, v, plan, scale)[0].contiguous()
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:

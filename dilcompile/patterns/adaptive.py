@@ -57,8 +57,8 @@ class adaptive(Pattern, nn.Module):  # noqa: N801
 
     def _pool(self, x: Tensor) -> Tensor:
         """(B, H, N, D) → block means (B, H, Qb, D), the short last block averaged over its own tokens."""
-        bs = self.config.block_size
         n = x.shape[2]
+        bs = min(self.config.block_size, n)  # one block holds all of a shorter sequence (no padding to bs)
         nb = math.ceil(n / bs)
         padded = torch.nn.functional.pad(x, (0, 0, 0, nb * bs - n))
         counts = torch.full((nb,), float(bs), dtype=x.dtype, device=x.device)

@@ -1,4 +1,5 @@
-"""Combinators: ``union(*patterns)``, ``intersection(*patterns)``, ``causal(pattern)``.
+"""Combinators: ``union(*patterns)``, ``intersection(*patterns)`` (and
+``causal(pattern)``, defined with the protocol in ``base``, whose views apply it).
 
 Block states combine soundly: union's any is exact (OR of exact anys), its
 full is the OR of fulls (sound); intersection's full is exact (AND), its any
@@ -10,21 +11,13 @@ blocks still builds in O(candidates), not over every block pair."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from .base import Pattern
+from .base import Pattern, causal, check_patterns
 
-
-def _check_patterns(name, patterns):
-    if not patterns:
-        raise ValueError(f"{name}() needs at least one pattern")
-    for p in patterns:
-        if not isinstance(p, Pattern):
-            raise TypeError(f"{name}() takes patterns, got {type(p).__name__}: {p!r}")
-        if p.data_dependent:
-            raise TypeError(f"{name}() cannot combine the data-dependent pattern {p!r}")
+__all__ = ["causal", "intersection", "union"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -32,7 +25,7 @@ class _Combined(Pattern):
     patterns: tuple[Pattern, ...]
 
     def __init__(self, *patterns: Pattern):
-        _check_patterns(self.name, patterns)
+        check_patterns(self.name, patterns)
         object.__setattr__(self, "patterns", tuple(patterns))
         self._finish()
 
@@ -115,53 +108,3 @@ class intersection(_Combined):  # noqa: N801
             a, f = p.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
             anyb, full = anyb & a, full & f
         return anyb, full
-
-
-@dataclass(frozen=True, repr=False)
-class causal(Pattern):  # noqa: N801
-    """``pattern`` restricted to key ≤ query (exact any and full when the
-    inner pattern's are)."""
-
-    pattern: Pattern
-
-    name = "causal"
-
-    def __post_init__(self):
-        _check_patterns("causal", (self.pattern,))
-
-    @property
-    def head_dependent(self) -> bool:  # noqa: D401
-        return self.pattern.head_dependent
-
-    @property
-    def has_candidates(self) -> bool:  # noqa: D401
-        return self.pattern.has_candidates
-
-    def with_heads(self, num_heads):
-        inner = self.pattern.with_heads(num_heads)
-        return self if inner is self.pattern else replace(self, pattern=inner)
-
-    def span(self, lo, hi, n, transpose=False):
-        prefix, b_lo, b_hi = self.pattern.span(lo, hi, n, transpose)
-        if transpose:  # rows are keys: queries at or after them
-            return prefix, torch.maximum(b_lo, lo), b_hi
-        return torch.minimum(prefix, hi + 1), b_lo, torch.minimum(b_hi, hi)
-
-    def candidate_blocks(self, rows, block_size, n, transpose=False):
-        out = self.pattern.candidate_blocks(rows, block_size, n, transpose)
-        cols = torch.arange(out.shape[1], device=out.device)
-        # Key block ≤ query block (blocks share one size, so k_lo ≤ q_hi is that).
-        return out & ((cols[None] >= rows[:, None]) if transpose else (cols[None] <= rows[:, None]))
-
-    def mask_mod(self, b, h, q_idx, kv_idx):
-        return self.pattern.mask_mod(b, h, q_idx, kv_idx) & (kv_idx <= q_idx)
-
-    def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
-        a, f = self.pattern.block_state(h, q_lo, q_hi, k_lo, k_hi, n)
-        return a & (k_lo <= q_hi), f & (k_hi <= q_lo)
-
-    def attended_keys(self, h, q_lo, q_hi, kv_idx):
-        return self.pattern.attended_keys(h, torch.maximum(q_lo, kv_idx), q_hi, kv_idx)  # queries at or after the key
-
-    def __repr__(self) -> str:
-        return f"causal({self.pattern!r})"

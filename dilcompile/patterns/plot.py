@@ -14,7 +14,7 @@ import zlib
 import torch
 from torch import Tensor
 
-from .base import Pattern
+from .base import Pattern, causal_of
 
 # Token-level pictures up to this N; block level above.
 TOKEN_LEVEL_MAX_N = 1024
@@ -28,8 +28,6 @@ def pattern_grid(pattern: Pattern, n: int, *, head: int = 0, num_heads: int = 1,
     """(R, R) uint8 grid and its level ("token" or "block"): token level holds
     2 where query r may attend key c; block level holds 2 for full blocks,
     1 for partial ones, 0 for skipped ones."""
-    from .combinators import causal as causal_of
-
     if level not in ("auto", "token", "block"):
         raise ValueError(f"level must be 'auto', 'token' or 'block', got {level!r}")
     if level == "auto":

@@ -6,10 +6,8 @@ combinators — ``"union(local_window(64), random_blocks(density=0.05))"``.
 Omitted arguments take the pattern's defaults; a bare name (``"dilated"``)
 is the pattern with all defaults. ``repr(pattern)`` is a spec of itself.
 
-``template(pattern)`` / ``from_template`` split a pattern into its structure
-(a spec with every int replaced by ``_i``, every float by ``_f``) and its numbers, so the
-attention op can take the numbers as a tensor: a changed window or seed then
-reuses the compiled graph.
+``from_template`` is the inverse of ``template.template`` (a pattern's
+structure and numbers, the attention op's arguments).
 """
 
 from __future__ import annotations
@@ -26,10 +24,12 @@ from .hierarchical import hierarchical
 from .hilbert import hilbert
 from .local_window import local_window
 from .random_blocks import random_blocks
+from .template import template
 
 PATTERNS = {p.name: p for p in (local_window, dilated, global_local, random_blocks, hierarchical, adaptive,
                                 hilbert, union, intersection, causal)}
 PATTERN_NAMES = tuple(PATTERNS)
+__all__ = ["PATTERNS", "PATTERN_NAMES", "from_spec", "from_template", "template"]
 
 
 def _value(node: ast.AST, numbers: list | None):
@@ -78,26 +78,7 @@ def _bad(spec):
     raise ValueError(f"pattern spec {spec!r} must be a pattern name or call, e.g. 'local_window(window=256)'")
 
 
-class _Hole(ast.NodeTransformer):
-    def __init__(self):
-        self.numbers: list = []
-
-    def visit_Constant(self, node):  # noqa: N802
-        if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-            self.numbers.append(node.value)
-            return ast.Name(id="_i" if isinstance(node.value, int) else "_f", ctx=ast.Load())
-        return node
-
-
-def template(pattern: Pattern) -> tuple[str, list]:
-    """(structure spec with ints as ``_i`` and floats as ``_f``, the numbers in order)."""
-    tree = ast.parse(repr(pattern), mode="eval")
-    holes = _Hole()
-    tree = holes.visit(tree)
-    return ast.unparse(tree), holes.numbers
-
-
 @functools.lru_cache(maxsize=256)
 def from_template(structure: str, numbers: tuple) -> Pattern:
-    """Inverse of :func:`template` (cached: the attention op rebuilds patterns per call)."""
+    """Inverse of :func:`template` (cached)."""
     return _value(ast.parse(structure, mode="eval").body, list(numbers))

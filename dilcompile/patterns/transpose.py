@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import base
-from .base import BlockLists
+from . import blocks
+from .blocks import BlockLists
 
 
 def transpose_lists(lists: BlockLists, cols: int) -> BlockLists:
@@ -26,7 +26,7 @@ def _transpose(num: Tensor, idx: Tensor, cols: int) -> tuple[Tensor, Tensor]:
     after those of the earlier rows, so each column's rows stay ascending."""
     hp, rows, k = idx.shape
     slots = torch.arange(k, device=idx.device)
-    step = max(1, (base._CHUNK_ELEMENTS >> 3) // k)  # rows whose entries fit a few MB
+    step = max(1, (blocks.CHUNK_ELEMENTS >> 3) // k)  # rows whose entries fit a few MB
 
     def entries():  # (chunk's first row, row within the chunk, head * cols + column) of every listed entry
         for h in range(hp):

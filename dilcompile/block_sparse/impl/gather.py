@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from .masked import masked_values
 from .plan import Call, GatherPlan
 
 aten = torch.ops.aten
@@ -165,8 +166,54 @@ def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> None:
     lse_old.copy_(torch.where(total > 0, top + total.log(), lse_old))
 
 
+def _nonfinite(k: Tensor, v: Tensor, plan: GatherPlan):
+    """Keys whose k or v is not finite, and the rows that attend one: ((B, H, N)
+    bool each), or None when every key is finite. A kernel adds its mask to
+    the scores (NaN − ∞ is NaN) and multiplies forbidden values by 0 (0 · NaN
+    is NaN), so such a key would poison every row of its call; the calls run
+    with these keys zeroed and the rows attending them are computed exactly
+    on their own (``_exact_rows``)."""
+    bad = ~(k.isfinite().all(-1) & v.isfinite().all(-1))
+    if not bool(bad.any()):
+        return None
+    h, n = bad.shape[1:]
+    keys = bad.flatten(0, 1).any(0).nonzero()[:, 0]  # (J,) bad in some (batch, head)
+    zero = torch.zeros((), dtype=torch.long, device=k.device)
+    heads = torch.arange(h, device=k.device)[:, None, None]
+    allowed = plan.pattern.mask_mod(zero, heads, torch.arange(n, device=k.device)[None, :, None], keys)  # (Hp, N, J)
+    return bad, (allowed.expand(h, n, keys.numel())[None] & bad[:, :, None, keys]).any(-1)
+
+
+def _row_mask(plan: GatherPlan, head: int, rows: Tensor, n: int) -> Tensor:
+    zero = torch.zeros((), dtype=torch.long, device=rows.device)
+    head = torch.tensor(head, device=rows.device)
+    return plan.pattern.mask_mod(zero, head, rows[:, None], torch.arange(n, device=rows.device)[None]).expand(
+        rows.numel(), n)
+
+
+def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Out (R, D) and lse (R,) of rows q (R, D) over keys k, v (N, D) with their
+    (R, N) mask, as the reference computes them (non-finite inputs included)."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = s.logsumexp(-1)
+    p = torch.where(mask, (s - lse[:, None]).exp(), 0.0)
+    return masked_values(p, v, mask), lse
+
+
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
+    nonfinite = _nonfinite(k, v, plan)
+    if nonfinite is not None:
+        bad, rows_hit = nonfinite
+        out, lse = gather_forward(q, k.masked_fill(bad[..., None], 0), v.masked_fill(bad[..., None], 0), plan, scale)
+        acc = lse.dtype
+        for bi, hi in rows_hit.any(-1).nonzero().tolist():
+            rows = rows_hit[bi, hi].nonzero()[:, 0]
+            o, l = _exact_rows(q[bi, hi, rows].to(acc), k[bi, hi].to(acc), v[bi, hi].to(acc),
+                               _row_mask(plan, hi, rows, q.shape[2]), scale)
+            out[bi, hi, rows], lse[bi, hi, rows] = o.to(out.dtype), l
+        return out, lse
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
@@ -223,7 +270,28 @@ def _add_keys(dst: Tensor, call: Call, g: Tensor) -> None:
 def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per call, the kernel backward with the joint (out, lse): exact joint-softmax
-    gradients (each call's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones)."""
+    gradients (each call's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones).
+    Rows that attend a non-finite key (see ``_nonfinite``) are left out of the
+    calls (zero dO, out and lse: they add nothing) and differentiated exactly
+    on their own."""
+    nonfinite = _nonfinite(k, v, plan)
+    if nonfinite is not None:
+        bad, rows_hit = nonfinite
+        hit = rows_hit[..., None]
+        grads = gather_backward(do.masked_fill(hit, 0), q, k.masked_fill(bad[..., None], 0),
+                                v.masked_fill(bad[..., None], 0), out.masked_fill(hit, 0), lse.masked_fill(rows_hit, 0),
+                                plan, scale)
+        dq, dk, dv = (g.clone() for g in grads)
+        for bi, hi in rows_hit.any(-1).nonzero().tolist():
+            rows = rows_hit[bi, hi].nonzero()[:, 0]
+            with torch.enable_grad():
+                qr, kr, vr = (t.detach().double().requires_grad_() for t in (q[bi, hi, rows], k[bi, hi], v[bi, hi]))
+                o, _ = _exact_rows(qr, kr, vr, _row_mask(plan, hi, rows, q.shape[2]), scale)
+                gq, gk, gv = torch.autograd.grad(o, (qr, kr, vr), do[bi, hi, rows].double())
+            dq[bi, hi, rows] += gq.to(dq.dtype)
+            dk[bi, hi] += gk.to(dk.dtype)
+            dv[bi, hi] += gv.to(dv.dtype)
+        return dq, dk, dv
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb, dob, ob = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v, do, out))

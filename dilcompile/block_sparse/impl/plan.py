@@ -379,7 +379,9 @@ def _band_keys(idx: Tensor, dense: Tensor) -> list:
         cur = torch.where(cont[:, s], cur + 1, d[:, s].long())
         better = cur > best
         best, end = torch.where(better, cur, best), torch.where(better, s, end)
-    start = blocks.gather(1, (end - best + 1).clamp(min=0)[:, None])[:, 0] - torch.arange(len(blocks), device=idx.device)
+    # A row with no dense block (best = 0) reads slot 0: its key is None anyway.
+    first = torch.where(best > 0, end - best + 1, 0)
+    start = blocks.gather(1, first[:, None])[:, 0] - torch.arange(len(blocks), device=idx.device)
     return [(o, w) if w >= 2 else None for o, w in zip(start.tolist(), best.tolist())]
 
 

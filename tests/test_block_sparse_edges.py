@@ -1,0 +1,74 @@
+"""Edge inputs of block_sparse_attention and its modules: empty shapes, block
+sizes past N."""
+
+import pytest
+import torch
+
+from dilcompile import BlockSparseAttention, block_sparse_attention
+from dilcompile.block_sparse import MultiheadBlockSparseAttention, cache
+from dilcompile.patterns import adaptive, dilated, hilbert, local_window, random_blocks, union
+from dilcompile.testing import random_qkv
+
+EMPTY_SHAPES = [(0, 2, 16, 4), (1, 0, 16, 4), (1, 2, 0, 4), (1, 2, 16, 0), (0, 0, 0, 0)]
+
+
+def _patterns(d):
+    return {"local_window": local_window(3), "dilated": dilated((8,), (2,)), "union": union(local_window(1),
+            random_blocks(0.5, 4, 0)), "hilbert": hilbert(4, 4, 1), "adaptive": adaptive(head_dim=max(d, 1),
+                                                                                            block_size=4)}
+
+
+@pytest.mark.parametrize("impl", ["gather", "reference", "flex"])
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
+def test_empty_shapes_give_an_empty_result_on_every_backend(shape, impl):
+    """B, H, N or D = 0: the (B, H, N, D) output is empty, gradients too —
+    whatever the pattern (a head-dependent one at H = 0, a fixed-N one at
+    N = 0, a learned one at D = 0)."""
+    for name, pattern in _patterns(shape[-1]).items():
+        if impl == "flex" and name == "adaptive":
+            continue  # refused by name for every shape (the learned selection has no BlockMask)
+        grad = impl != "flex"  # FlexAttention on CPU is inference-only
+        q, k, v = (torch.randn(shape, dtype=torch.float64, requires_grad=grad) for _ in range(3))
+        with torch.set_grad_enabled(grad):
+            out = block_sparse_attention(q, k, v, pattern, impl=impl, block_size=4)
+        assert out.shape == shape and out.dtype == q.dtype, name
+        if grad:
+            grads = torch.autograd.grad(out.sum(), (q, k, v))
+            assert all(g.shape == shape for g in grads), name
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES[:3], ids=str)
+def test_modules_take_empty_inputs(shape):
+    b, h, n, d = shape
+    module = BlockSparseAttention("local_window(window=3)", block_size=4)
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    assert module(q, k, v).shape == shape
+    if h:
+        mha = MultiheadBlockSparseAttention(h * d, h, "local_window(window=3)", block_size=4)
+        y, _ = mha(torch.randn(b, n, h * d))
+        assert y.shape == (b, n, h * d)
+
+
+@pytest.mark.parametrize("block_size", [65536, 10 ** 9, 2 ** 62])
+def test_block_size_past_n_is_one_block(block_size):
+    """Blocks longer than the sequence hold it whole: the plan uses N-token
+    blocks (its masks grow as block_size², so 65536 once asked for 34 GB at
+    N = 256) and the result is exact."""
+    cache.clear()
+    pattern = union(local_window(5), random_blocks(0.3, 16, 2))
+    q, k, v = random_qkv(1, 2, 40, 8, requires_grad=True, seed=0)
+    got = block_sparse_attention(q, k, v, pattern, block_size=block_size, impl="gather")
+    want = block_sparse_attention(q, k, v, pattern, impl="reference")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for g, w in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+    assert cache.size() == 1 and all(plan.block_size == 40 for plan in cache._entries.values())
+    cache.clear()
+
+
+def test_adaptive_block_size_past_n_is_one_block():
+    pattern = adaptive(head_dim=8, block_size=1 << 40, top_k=2).double().eval()
+    q, k, v = random_qkv(1, 2, 40, 8, seed=1)
+    got = block_sparse_attention(q, k, v, pattern, impl="gather")
+    want = block_sparse_attention(q, k, v, pattern, impl="reference")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
