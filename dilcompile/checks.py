@@ -9,8 +9,10 @@ from torch import Tensor
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_qkv(q, k, v, what: str = "attention") -> None:
-    """q, k, v: tensors of one shape (B, H, N, D), one float dtype, one device."""
+def check_qkv(q, k, v, what: str = "attention", shorter_q: bool = False) -> None:
+    """q, k, v: tensors of one shape (B, H, N, D), one float dtype, one device.
+    ``shorter_q``: q may have fewer rows than k and v (Nq ≤ Nk: the queries of
+    the last Nq key positions, as in decoding with a KV cache)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
@@ -19,8 +21,16 @@ def check_qkv(q, k, v, what: str = "attention") -> None:
                              "for (B, N, H, D) inputs use x.transpose(1, 2)")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; use one of {DTYPES}")
+    if shorter_q:
+        if k.shape != v.shape or k.shape[:2] + k.shape[3:] != q.shape[:2] + q.shape[3:]:
+            raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must agree in B, H "
+                             f"and D, and k and v in length; {what} takes q (B, H, Nq, D), k, v (B, H, Nk, D)")
+        if q.shape[2] > k.shape[2]:
+            raise ValueError(f"q has Nq={q.shape[2]} rows but k and v have Nk={k.shape[2]}; query i sits at key "
+                             "position Nk − Nq + i, so Nq ≤ Nk: pass every key up to the last query (e.g. the "
+                             "whole KV cache) as k and v")
     for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
+        if not shorter_q and t.shape != q.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
                              f"{what} needs q, k, v of one shape (B, H, N, D)")
         if t.dtype != q.dtype:
