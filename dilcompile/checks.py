@@ -22,13 +22,14 @@ def check_qkv(q, k, v, what: str = "attention", shorter_q: bool = False) -> None
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; use one of {DTYPES}")
     if shorter_q:
-        if k.shape != v.shape or k.shape[:2] + k.shape[3:] != q.shape[:2] + q.shape[3:]:
-            raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must agree in B, H "
-                             f"and D, and k and v in length; {what} takes q (B, H, Nq, D), k, v (B, H, Nk, D)")
-        if q.shape[2] > k.shape[2]:
-            raise ValueError(f"q has Nq={q.shape[2]} rows but k and v have Nk={k.shape[2]}; query i sits at key "
-                             "position Nk − Nq + i, so Nq ≤ Nk: pass every key up to the last query (e.g. the "
-                             "whole KV cache) as k and v")
+        for name, t, other, other_name in (("k", k, q, "q"), ("v", v, k, "k")):
+            if t.shape[:2] + t.shape[3:] != other.shape[:2] + other.shape[3:] or q.shape[2] > k.shape[2]:
+                raise ValueError(f"{name} has shape {tuple(t.shape)} but {other_name} has {tuple(other.shape)}; "
+                                 f"{what} takes q (B, H, Nq, D) and k, v of one shape (B, H, Nk, D) with Nq ≤ Nk "
+                                 "(query i sits at key position Nk − Nq + i: pass every key up to the last query, "
+                                 "e.g. the whole KV cache)")
+            if name == "v" and t.shape != k.shape:
+                raise ValueError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; pass k and v of one shape")
     for name, t in (("k", k), ("v", v)):
         if not shorter_q and t.shape != q.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "

@@ -134,9 +134,9 @@ def test_decode_op_opcheck():
 
 @pytest.mark.parametrize("bad, match", [
     (lambda q, k, v: (torch.zeros(1, 4, 30, 8, dtype=torch.float64), k, v), "Nq ≤ Nk"),
-    (lambda q, k, v: (q, k[:, :3], v[:, :3]), "B, H"),
-    (lambda q, k, v: (q, k, v[:, :, :-1]), "B, H"),
-    (lambda q, k, v: (q[..., :4], k, v), "B, H"),
+    (lambda q, k, v: (q, k[:, :3], v[:, :3]), "k has shape"),
+    (lambda q, k, v: (q, k, v[:, :, :-1]), "v has shape"),
+    (lambda q, k, v: (q[..., :4], k, v), "k has shape"),
 ])
 def test_bad_shapes_are_value_errors(bad, match):
     q, k, v = random_qkv(1, 4, 20, 8)

@@ -26,7 +26,7 @@ def _check_key_padding_mask(mask, k: Tensor) -> None:
         raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), True = padding; "
                         f"got {type(mask).__name__}{'' if not isinstance(mask, Tensor) else ' of ' + str(mask.dtype)}")
     if mask.shape != (k.shape[0], k.shape[2]):
-        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, Nk) = "
+        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, N) of the keys = "
                          f"{(k.shape[0], k.shape[2])}")
     if mask.device != k.device:
         raise ValueError(f"key_padding_mask is on {mask.device} but k is on {k.device}; move it to k's device")
