@@ -55,7 +55,8 @@ def test_random_patterns(seed):
     nk = rng.choice([37, 100, 257])
     candidates = [local_window(rng.randint(0, 30)), global_local(rng.randint(0, 20), rng.randint(0, 5)),
                   random_blocks(rng.uniform(0.05, 0.6), rng.choice([4, 16, 24]), rng.randint(0, 99)),
-                  dilated(tuple(rng.choice([8, 16, 40]) for _ in range(2)), tuple(rng.choice([1, 2, 3]) for _ in range(2)))]
+                  dilated(tuple(rng.choice([8, 16, 40]) for _ in range(2)),
+                          tuple(rng.choice([1, 2, 3]) for _ in range(2)))]
     pattern = rng.choice(candidates)
     if rng.random() < 0.3:
         pattern = union(pattern, rng.choice(candidates))

@@ -42,7 +42,7 @@ def pieces(part: Part, nq: int, nk: int) -> Iterator[tuple[slice, slice, Tensor,
     for s in range((p0 // w) * w, nk, w):
         e = min(s + w, nk)
         first = max(s + o, p0)
-        first_kept = s + o + -(-(first - s - o) // r) * r  # first position ≥ first that is ≡ o (mod r) in the segment
+        first_kept = s + o + -(-(first - s - o) // r) * r  # the first kept row at or after `first`
         if first_kept >= e:
             continue
         yield (slice(first_kept - p0, e - p0, r), slice(s + o, e, r),
