@@ -9,8 +9,10 @@ from torch import Tensor
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_qkv(q, k, v, what: str = "attention") -> None:
-    """q, k, v: tensors of one shape (B, H, N, D), one float dtype, one device."""
+def check_qkv(q, k, v, what: str = "attention", shorter_q: bool = False) -> None:
+    """q, k, v: tensors of one shape (B, H, N, D), one float dtype, one device.
+    ``shorter_q``: q may have fewer rows than k and v (Nq ≤ Nk: the queries of
+    the last Nq key positions, as in decoding with a KV cache)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
@@ -19,8 +21,17 @@ def check_qkv(q, k, v, what: str = "attention") -> None:
                              "for (B, N, H, D) inputs use x.transpose(1, 2)")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; use one of {DTYPES}")
+    if shorter_q:
+        for name, t, other, other_name in (("k", k, q, "q"), ("v", v, k, "k")):
+            if t.shape[:2] + t.shape[3:] != other.shape[:2] + other.shape[3:] or q.shape[2] > k.shape[2]:
+                raise ValueError(f"{name} has shape {tuple(t.shape)} but {other_name} has {tuple(other.shape)}; "
+                                 f"{what} takes q (B, H, Nq, D) and k, v of one shape (B, H, Nk, D) with Nq ≤ Nk "
+                                 "(query i sits at key position Nk − Nq + i: pass every key up to the last query, "
+                                 "e.g. the whole KV cache)")
+            if name == "v" and t.shape != k.shape:
+                raise ValueError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; pass k and v of one shape")
     for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
+        if not shorter_q and t.shape != q.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but q has {tuple(q.shape)}; "
                              f"{what} needs q, k, v of one shape (B, H, N, D)")
         if t.dtype != q.dtype:

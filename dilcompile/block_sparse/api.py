@@ -16,6 +16,10 @@ from .config import IMPLS
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
 from .impl.reference import masked_attention_reference
+from .impl.suffix import suffix_masked_attention
+
+#: Up to this many queries, Nq < Nk gathers the candidate keys of the query blocks; more run the full op.
+DECODE_MAX_QUERIES = 64
 
 
 def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: bool | None = None) -> str:
@@ -50,7 +54,13 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     normalisation over all allowed keys; a row with no allowed key outputs 0.
 
     Args:
-        q, k, v: (B, H, N, D), one dtype and device.
+        q, k, v: (B, H, N, D), one dtype and device. q may be shorter,
+            (B, H, Nq, D) with Nq ≤ Nk = N of k and v (prefill / decode): query
+            i sits at position Nk − Nq + i and the result is the last Nq rows
+            of the full call. Up to 64 queries read only the key blocks the
+            pattern names for their query blocks (any impl but "reference");
+            more run the full-length op on q left-padded with zeros.
+            Adaptive patterns need Nq = Nk (their selection pools whole query blocks).
         pattern: a ``dilcompile.patterns`` pattern or a spec string
             (``"local_window(window=256)"``).
         causal: also require key ≤ query.
@@ -64,7 +74,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     Returns:
         (B, H, N, D) in q.dtype.
     """
-    check_qkv(q, k, v, "block-sparse attention")
+    check_qkv(q, k, v, "block-sparse attention", shorter_q=True)
     if isinstance(pattern, str):
         pattern = from_spec(pattern)
     if not isinstance(pattern, Pattern):
@@ -82,6 +92,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     b, h, n, _ = q.shape
+    if n != k.shape[2]:
+        return _shorter_queries(q, k, v, pattern, causal, float(scale), chosen, impl, block_size)
 
     if pattern.data_dependent:
         idx, valid, bias = pattern.select(q, k, causal)
@@ -114,6 +126,20 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
                                                    float(scale), min(block_size, n))
     return out
+
+
+def _shorter_queries(q, k, v, pattern, causal, scale, chosen, impl, block_size):
+    """Nq < Nk: the last Nq rows of the full-length call (see the docstring above)."""
+    nq, nk = q.shape[2], k.shape[2]
+    if pattern.data_dependent:
+        raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so q of {nq} rows "
+                         f"shorter than k of {nk} cannot give the full call's rows; pass q of length {nk}")
+    bound = (causal_of(pattern) if causal else pattern).with_heads(q.shape[1])
+    if chosen != "reference" and nq <= DECODE_MAX_QUERIES:
+        return suffix_masked_attention(q, k, v, bound, scale, block_size)
+    q_full = torch.cat([q.new_zeros(*q.shape[:2], nk - nq, q.shape[3]), q], dim=2)
+    return block_sparse_attention(q_full, k, v, pattern, causal=causal, scale=scale, impl=impl,
+                                  block_size=block_size)[:, :, nk - nq :]
 
 
 def _selection_mask(idx: Tensor, valid: Tensor, bs: int, n: int, causal: bool) -> Tensor:

@@ -14,6 +14,7 @@ from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd
 from .config import IMPLS, check_branches
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
+from .suffix import suffix_attention
 
 # Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
 # is first used, by load_triton_ops().
@@ -33,17 +34,17 @@ def load_triton_ops():
     return triton_ops
 
 
-def _check_key_padding_mask(mask, q: Tensor) -> None:
+def _check_key_padding_mask(mask, k: Tensor) -> None:
     if mask is None:
         return
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), True = padding; "
                         f"got {type(mask).__name__}{'' if not isinstance(mask, Tensor) else ' of ' + str(mask.dtype)}")
-    if mask.shape != (q.shape[0], q.shape[2]):
-        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, N) = "
-                         f"{(q.shape[0], q.shape[2])}")
-    if mask.device != q.device:
-        raise ValueError(f"key_padding_mask is on {mask.device} but q is on {q.device}; move it to q's device")
+    if mask.shape != (k.shape[0], k.shape[2]):
+        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, N) of the keys = "
+                         f"{(k.shape[0], k.shape[2])}")
+    if mask.device != k.device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but k is on {k.device}; move it to k's device")
 
 
 def choose_impl(q: Tensor, impl: str) -> str:
@@ -83,6 +84,11 @@ def dilated_attention(
     Args:
         q, k, v: (B, H, N, D), one dtype and device. N need not be divisible
             by any segment length; a segment longer than N is clamped to N.
+            q may be shorter, (B, H, Nq, D) with Nq ≤ Nk = N of k and v
+            (prefill / decode with a KV cache): query i sits at position
+            Nk − Nq + i and the result is the last Nq rows of the full
+            call. Up to 64 queries take the decode path (``impl/decode.py``,
+            cost independent of Nk) for every impl but "reference".
         segment_lengths, dilation_rates: one (w, r) pair per branch, all ≥ 1.
         causal: key position ≤ query position.
         mode: "longnet" — every head uses every branch with offset
@@ -91,7 +97,7 @@ def dilated_attention(
         scale: softmax scale, default 1/sqrt(D).
         return_lse: also return the row log-sum-exp (B, H, N), float32
             (float64 for float64 inputs); −inf where a row attends to nothing.
-        key_padding_mask: optional (B, N) bool, True = padding: those keys are
+        key_padding_mask: optional (B, Nk) bool, True = padding: those keys are
             removed exactly; a row left with no key outputs 0 (lse −inf).
         impl: "sdpa" (fused attention kernels), "triton" (all branches in
             one fused Triton kernel; CUDA, or CPU under TRITON_INTERPRET=1),
@@ -101,7 +107,7 @@ def dilated_attention(
         out (B, H, N, D) in q.dtype, or (out, lse) if return_lse. Rows no
         branch covers are 0.
     """
-    check_qkv(q, k, v, "dilated attention")
+    check_qkv(q, k, v, "dilated attention", shorter_q=True)
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
@@ -109,10 +115,12 @@ def dilated_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
-    _check_key_padding_mask(key_padding_mask, q)
+    _check_key_padding_mask(key_padding_mask, k)
     chosen = choose_impl(q, impl)
 
-    if chosen == "reference":
+    if q.shape[2] != k.shape[2]:
+        out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, float(scale), key_padding_mask, chosen)
+    elif chosen == "reference":
         parts = plan_parts(q.shape[1], segments, rates, mode)
         out, lse = dilated_reference(q, k, v, parts, causal, float(scale), key_padding_mask)
         out = out.to(q.dtype)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kv_cache import KVCache
 from ..multihead import MultiheadDilatedAttention
 
 
@@ -65,15 +66,20 @@ class Block(nn.Module):
             nn.init.xavier_normal_(fc.weight, gain=gamma)
             nn.init.zeros_(fc.bias)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, N, E) → (B, N, E)
-        x = x + self.attn(self.ln_attn(x), is_causal=True)[0]
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer_idx: int = 0,
+                start_pos: int = 0) -> Tensor:  # (B, N, E) → (B, N, E)
+        x = x + self.attn(self.ln_attn(x), is_causal=True, cache=cache, layer_idx=layer_idx, start_pos=start_pos)[0]
         h = self.fc_out(F.gelu(self.fc_in(self.ln_mlp(x))))
         return x + F.dropout(h, self.dropout, self.training)
 
 
 class LongNetDecoder(nn.Module):
     """Causal language model. ``forward(idx (B, N) int64, targets (B, N) or None)``
-    returns ``(logits (B, N, vocab), loss or None)``; N ≤ max_seq_len."""
+    returns ``(logits (B, N, vocab), loss or None)``; N ≤ max_seq_len.
+
+    With ``cache=`` (:meth:`new_cache`) and ``start_pos``, idx holds the tokens
+    at positions ``[start_pos, start_pos + N)``: their keys and values join the
+    cache and they attend to every cached key before them."""
 
     def __init__(self, config: LongNetConfig):
         super().__init__()
@@ -86,32 +92,70 @@ class LongNetDecoder(nn.Module):
         self.blocks = nn.ModuleList(Block(c, gamma) for _ in range(c.num_layers))
         self.ln_out = nn.LayerNorm(c.embed_dim)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for this model (max_len default: max_seq_len)."""
+        c, p = self.config, self.tok_emb.weight
+        return KVCache(c.num_layers, batch, c.num_heads, max_len or c.max_seq_len, c.embed_dim // c.num_heads,
+                       dtype=p.dtype, device=p.device)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None,
+                start_pos: int = 0) -> tuple[Tensor, Tensor | None]:
         n = idx.shape[1]
-        if n > self.config.max_seq_len:
-            raise ValueError(f"sequence length {n} exceeds max_seq_len={self.config.max_seq_len}; "
+        if start_pos + n > self.config.max_seq_len:
+            raise ValueError(f"sequence length {start_pos + n} exceeds max_seq_len={self.config.max_seq_len}; "
                              "crop the input or build the model with a larger max_seq_len")
-        pos = torch.arange(n, device=idx.device)
+        pos = torch.arange(start_pos, start_pos + n, device=idx.device)
         x = F.dropout(self.tok_emb(idx) + self.pos_emb(pos), self.config.dropout, self.training)  # (B, N, E)
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i, start_pos)
         logits = F.linear(self.ln_out(x), self.tok_emb.weight)  # tied head: (B, N, vocab)
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
     @torch.no_grad()
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> Tensor:
+                 generator: torch.Generator | None = None, *, use_cache: bool | None = None,
+                 forward=None) -> Tensor:
         """Sample ``max_new_tokens`` continuations of idx (B, N0); returns (B, N0 + new).
-        The context is cropped to the last max_seq_len tokens."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+
+        temperature 0 is greedy (argmax). ``use_cache``: run the prompt once
+        into a :class:`KVCache` and then one token per step (each step's
+        attention reads only the keys its query attends); default: when
+        N0 + new ≤ max_seq_len. Without the cache every step recomputes the
+        whole context, cropped to the last max_seq_len tokens. ``forward``
+        replaces ``self`` for the model calls, e.g.
+        ``torch.compile(model, fullgraph=True, dynamic=True)``: with the cache
+        the step's only changing input is the int ``start_pos``, so the
+        compiled step does not recompile per token."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
+        total = idx.shape[1] + max_new_tokens
+        if use_cache is None:
+            use_cache = total <= self.config.max_seq_len
+        elif use_cache and total > self.config.max_seq_len:
+            raise ValueError(f"use_cache=True needs prompt + new tokens ({total}) ≤ max_seq_len="
+                             f"{self.config.max_seq_len} (positions are absolute); pass use_cache=False to crop "
+                             "the context instead")
+        forward = self if forward is None else forward
+        cache = self.new_cache(idx.shape[0], total) if use_cache else None
+        step = idx
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.max_seq_len :])
-            logits = logits[:, -1] / temperature  # (B, vocab)
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            if cache is None:
+                logits, _ = forward(idx[:, -self.config.max_seq_len :])
+            else:
+                logits, _ = forward(step, cache=cache, start_pos=idx.shape[1] - step.shape[1])
+            nxt = self._pick(logits[:, -1], temperature, top_k, generator)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
+            step = nxt
         return idx
+
+    @staticmethod
+    def _pick(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
+        """Next token (B, 1) from the last position's logits (B, vocab)."""
+        if temperature == 0:
+            return logits.argmax(-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1, generator=generator)

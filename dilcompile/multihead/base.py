@@ -115,7 +115,8 @@ class MultiheadAttentionBase(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement attend(q, k, v, *, is_causal, key_padding_mask)")
 
     # -- shared machinery ------------------------------------------------------------------------
-    def _check(self, query, key, value, key_padding_mask, need_weights, is_causal) -> None:
+    def _check(self, query, key, value, key_padding_mask, need_weights, is_causal, cache=None, layer_idx=0,
+               start_pos=0) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, E), got {type(t).__name__}")
@@ -126,6 +127,11 @@ class MultiheadAttentionBase(nn.Module):
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
         if key.shape[0] != query.shape[0]:
             raise ValueError(f"query has batch {query.shape[0]} but key has {key.shape[0]}; pass equal batches")
+        if cache is not None:
+            if key is not query or value is not query:
+                raise ValueError("cache= is for self-attention: pass key=None and value=None")
+            cache.check(layer_idx, query.shape[0], self.num_heads, self.head_dim, self.qkv_proj.weight.dtype,
+                        query.device, start_pos, query.shape[1])
         if self.requires_equal_lengths and key.shape[1] != query.shape[1]:
             raise ValueError(f"{type(self).__name__} needs key length == query length, got {key.shape[1]} "
                              f"and {query.shape[1]}; pad the shorter one and mark it in key_padding_mask")
@@ -138,9 +144,11 @@ class MultiheadAttentionBase(nn.Module):
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (B, N), True = padding "
                                 "(for a float mask use mask != 0)")
-            if key_padding_mask.shape != key.shape[:2]:
+            keys = key.shape[:2] if cache is None else (key.shape[0], start_pos + key.shape[1])
+            if key_padding_mask.shape != keys:
                 raise ValueError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, "
-                                 f"expected (B, N) = {tuple(key.shape[:2])}")
+                                 f"expected (B, N) = {tuple(keys)}" + ("" if cache is None else
+                                 " (every key in the cache, the new tokens included)"))
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, N, E) inputs → q, k, v (B, N, E). One fused matmul for self-attention."""
@@ -162,14 +170,25 @@ class MultiheadAttentionBase(nn.Module):
         is_causal: bool = False,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
+        cache=None,
+        layer_idx: int = 0,
+        start_pos: int = 0,
     ) -> tuple[Tensor, None]:
         """query (B, Nq, E); key, value (B, Nk, E), default ``query`` (value
         defaults to key); key_padding_mask (B, Nk) bool, True = padding.
-        Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``."""
+        Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``.
+
+        Generation: with ``cache`` (a :class:`~dilcompile.kv_cache.KVCache`),
+        self-attention only, ``query`` holds the tokens at positions
+        ``[start_pos, start_pos + Nq)``; their keys and values are written to
+        layer ``layer_idx`` of the cache and the queries attend to every key
+        in it up to their own position (the attention's Nq < Nk convention)."""
         key = query if key is None else key
         value = key if value is None else value
-        self._check(query, key, value, key_padding_mask, need_weights, is_causal)
+        self._check(query, key, value, key_padding_mask, need_weights, is_causal, cache, layer_idx, start_pos)
         q, k, v = (self._split_heads(t) for t in self.project(query, key, value))  # (B, H, N, D)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v, start_pos)  # (B, H, start_pos + Nq, D)
         out = self.attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask)  # (B, H, Nq, D)
         out = out.transpose(1, 2).flatten(2)  # (B, Nq, E)
         if self.sub_ln is not None:

@@ -1,0 +1,41 @@
+"""Block-sparse attention for a few queries at the end of a long key sequence.
+
+q holds the last Nq of Nk positions (query i at position Nk − Nq + i). The
+pattern's ``candidate_blocks`` names the key blocks that may hold an allowed
+pair for the query blocks (a superset, O(Nk / block) booleans); only those
+keys are gathered and ``mask_mod`` is evaluated on them exactly. Plain
+PyTorch ops in the accumulator dtype, differentiable by autograd; a row with
+no allowed key outputs 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...patterns import Pattern
+
+
+def candidate_keys(pattern: Pattern, nq: int, nk: int, block_size: int, device) -> Tensor:
+    """(K,) int64 key positions that may be attended by the last ``nq`` of ``nk`` positions, increasing."""
+    first, last = (nk - nq) // block_size, (nk - 1) // block_size
+    rows = torch.arange(first, last + 1, device=device)
+    blocks = pattern.candidate_blocks(rows, block_size, nk).any(0).nonzero().flatten()  # (nb',)
+    keys = (blocks[:, None] * block_size + torch.arange(block_size, device=device)).flatten()
+    return keys[keys < nk]
+
+
+def suffix_masked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, scale: float,
+                            block_size: int) -> Tensor:
+    """q (B, H, Nq, D), k, v (B, H, Nk, D); ``pattern`` bound to H heads (causal
+    already applied) → (B, H, Nq, D) in q.dtype."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    nq, nk = q.shape[2], k.shape[2]
+    keys = candidate_keys(pattern, nq, nk, block_size, q.device)
+    h = torch.arange(q.shape[1], device=q.device)[:, None, None]
+    q_idx = torch.arange(nk - nq, nk, device=q.device)[None, :, None]
+    zero = torch.zeros((), dtype=torch.int64, device=q.device)
+    allowed = pattern.mask_mod(zero, h, q_idx, keys[None, None, :])  # (H or 1, Nq, K)
+    s = (q.to(acc) @ k[:, :, keys].to(acc).transpose(-1, -2)) * scale  # (B, H, Nq, K)
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # empty row → 0
+    return (p @ v[:, :, keys].to(acc)).to(q.dtype)

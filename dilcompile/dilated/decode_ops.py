@@ -1,0 +1,68 @@
+"""``torch.ops.dilcompile.dilated_decode_fwd/bwd``: the decode path
+(``impl/decode.py``) as custom ops, so a compiled decode step holds one node
+per attention call and no guard on the key length (Nk grows by one per
+generated token; the op reads it at run time)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .geometry import plan_parts
+from .impl.decode import decode_backward, decode_forward
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("dilcompile::dilated_decode_fwd", mutates_args=())
+def dilated_decode_fwd(
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
+    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """q (B, H, Nq, D) at the last Nq of the Nk positions of k, v → merged out (B, H, Nq, D), lse (B, H, Nq)."""
+    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    out, lse = decode_forward(q, k, v, parts, causal, scale, key_padding_mask)
+    return out.contiguous(), lse.contiguous()
+
+
+@dilated_decode_fwd.register_fake
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("dilcompile::dilated_decode_bwd", mutates_args=())
+def dilated_decode_bwd(
+    grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+    key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    grads = decode_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_padding_mask)
+    return tuple(g.contiguous() for g in grads)
+
+
+@dilated_decode_bwd.register_fake
+def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale,
+      key_padding_mask=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = dilated_decode_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+dilated_decode_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,122 @@
+"""Dilated attention for a few queries at the end of a long key sequence (decode).
+
+q holds the last Nq of Nk positions: query i sits at position Nk − Nq + i.
+For each part (see ``geometry``) and each segment that holds one of those
+queries, only that segment's kept rows are touched: the queries are the
+segment's kept rows at or after Nk − Nq, the keys are all its kept rows (at
+most ``ceil(w / r)``; causal: those at or before the query). Keys are strided
+views of k and v, never copies of the sequence, so a query costs
+Σ_parts ``w / r`` key reads whatever Nk is. A position a part does not keep
+costs nothing (its offset test is integer arithmetic on Python ints).
+
+Each piece is an explicit softmax in the accumulator dtype (float32, float64
+for float64 inputs); the pieces are merged by their log-sum-exp exactly as the
+full-length path merges its parts (counted with multiplicity). The backward
+recomputes each piece's scores against the *merged* lse, so it is the exact
+gradient of the joint softmax, merge weights and lse gradient included.
+
+Scores are materialised per piece, (B, heads, queries, keys): meant for few
+queries (the API sends at most ``DECODE_MAX_QUERIES`` here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ..geometry import Part
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def pieces(part: Part, nq: int, nk: int) -> Iterator[tuple[slice, slice, Tensor, Tensor]]:
+    """Per segment of ``part`` holding a kept query: (query rows of q, key rows
+    of k, query positions (nq',), key positions (nk',)). Rows are strided
+    slices; positions are absolute."""
+    w, r, o = part.segment, part.rate, part.offset
+    p0 = nk - nq
+    for s in range((p0 // w) * w, nk, w):
+        e = min(s + w, nk)
+        first = max(s + o, p0)
+        first_kept = s + o + -(-(first - s - o) // r) * r  # the first kept row at or after `first`
+        if first_kept >= e:
+            continue
+        yield (slice(first_kept - p0, e - p0, r), slice(s + o, e, r),
+               torch.arange(first_kept, e, r), torch.arange(s + o, e, r))
+
+
+def _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask):
+    """Masked scores (B, heads, nq', nk') of one piece, accumulator dtype."""
+    acc = _acc(q.dtype)
+    qq = q[:, part.h0 : part.h1, rows].to(acc)
+    kk = k[:, part.h0 : part.h1, keys].to(acc)
+    s = (qq @ kk.transpose(-1, -2)) * scale
+    allowed = None
+    if causal and q_pos.numel() > 1:  # a single query is the segment's last row: it sees every key
+        allowed = (k_pos[None, :] <= q_pos[:, None]).to(q.device)  # (nq', nk')
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, keys][:, None, None, :]  # (B, 1, 1, nk')
+        allowed = keep if allowed is None else allowed & keep
+    return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+
+
+def _finite(x: Tensor) -> Tensor:
+    return torch.where(x.isfinite(), x, torch.zeros_like(x))
+
+
+def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
+                   key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq ≤ Nk → out (B, H, Nq, D) in
+    q.dtype and lse (B, H, Nq) in the accumulator dtype; merged (before the
+    groups-mode 1/m). Rows nothing covers: out 0, lse −inf."""
+    acc = _acc(q.dtype)
+    nq, nk = q.shape[2], k.shape[2]
+    num_layers = 1 + max(p.layer for p in parts)
+    lses = torch.full((num_layers, *q.shape[:-1]), float("-inf"), dtype=acc, device=q.device)  # (L, B, H, Nq)
+    results = []  # (part, rows, out (B, heads, nq', D), lse (B, heads, nq'))
+    for part in parts:
+        for rows, keys, q_pos, k_pos in pieces(part, nq, nk):
+            s = _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask)
+            piece_lse = torch.logsumexp(s, dim=-1)
+            p = (s - _finite(piece_lse)[..., None]).exp()  # masked keys: exp(−inf) = 0
+            piece_out = p @ v[:, part.h0 : part.h1, keys].to(acc)
+            lses[part.layer, :, part.h0 : part.h1, rows] = piece_lse
+            results.append((part, rows, piece_out, piece_lse))
+    lse = torch.logsumexp(lses, dim=0)  # (B, H, Nq)
+    finite = _finite(lse)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    for part, rows, piece_out, piece_lse in results:
+        weight = (piece_lse - finite[:, part.h0 : part.h1, rows]).exp()  # 0 where the piece has no key
+        out[:, part.h0 : part.h1, rows] += piece_out * weight[..., None]
+    return out.to(q.dtype), lse
+
+
+def decode_backward(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                    lse: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
+                    key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`decode_forward` given its merged ``out`` and ``lse``:
+    with P = exp(s − lse) over every piece of a row, dS = P ∘ (dP − rowsum(dO ∘ out) + g_lse)."""
+    acc = _acc(q.dtype)
+    nq, nk = q.shape[2], k.shape[2]
+    dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
+    do = grad_out.to(acc)
+    delta = (do * out.to(acc)).sum(-1)  # (B, H, Nq)
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(acc)
+    finite = _finite(lse.to(acc))
+    for part in parts:
+        h = slice(part.h0, part.h1)
+        for rows, keys, q_pos, k_pos in pieces(part, nq, nk):
+            s = _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask)
+            p = (s - finite[:, h, rows][..., None]).exp()  # (B, heads, nq', nk')
+            do_ = do[:, h, rows]
+            dv[:, h, keys] += p.transpose(-1, -2) @ do_
+            dp = do_ @ v[:, h, keys].to(acc).transpose(-1, -2)
+            ds = p * (dp - delta[:, h, rows][..., None]) * scale
+            dq[:, h, rows] += ds @ k[:, h, keys].to(acc)
+            dk[:, h, keys] += ds.transpose(-1, -2) @ q[:, h, rows].to(acc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -1,0 +1,53 @@
+"""Queries shorter than keys: q holds the last Nq of Nk positions (query i at
+position Nk − Nq + i, the convention of FlexAttention, flash-attn and KV
+caches). The result is the last Nq rows of the full-length call.
+
+- Nq ≤ ``DECODE_MAX_QUERIES`` (decoding): the decode op, which touches only
+  the kept rows of each query's segment — cost independent of Nk.
+- Larger Nq (prefill of a chunk after a cache): the full-length op on the
+  keys from the last multiple of lcm(segment_lengths) at or before the first
+  query. Shifting every position by a multiple of every segment length keeps
+  every segment boundary and every kept row, so that call's last Nq rows are
+  exact; its extra leading queries (fewer than the lcm) are zeros and dropped.
+- impl="reference": the float64 oracle on q left-padded to Nk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import decode_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_decode_*)
+from .geometry import plan_parts
+from .impl.reference import dilated_reference
+
+#: Above this many queries, Nq < Nk runs the full-length kernels on the needed suffix of the keys.
+DECODE_MAX_QUERIES = 64
+
+
+def _left_pad(q: Tensor, rows: int) -> Tensor:
+    return torch.cat([q.new_zeros(*q.shape[:2], rows, q.shape[3]), q], dim=2)
+
+
+def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...], mode: str,
+                     causal: bool, scale: float, key_padding_mask: Tensor | None, impl: str) -> tuple[Tensor, Tensor]:
+    """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq < Nk → merged out (B, H, Nq, D)
+    in q.dtype and lse (B, H, Nq); ``impl`` as resolved by the API."""
+    nq, nk = q.shape[2], k.shape[2]
+    if impl == "reference":
+        parts = plan_parts(q.shape[1], segments, rates, mode)
+        out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(lse_dtype)
+    args = (list(segments), list(rates), mode, causal, scale)
+    if nq <= DECODE_MAX_QUERIES:
+        return torch.ops.dilcompile.dilated_decode_fwd(q, k, v, *args, key_padding_mask)
+    period = math.lcm(*segments)
+    start = (nk - nq) // period * period
+    lead = nk - nq - start
+    full_op = torch.ops.dilcompile.dilated_triton_fwd if impl == "triton" else torch.ops.dilcompile.dilated_fwd
+    mask = None if key_padding_mask is None else key_padding_mask[:, start:]
+    out, lse = full_op(_left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
+    return out[:, :, lead:], lse[:, :, lead:]

@@ -1,0 +1,1 @@
+"""Glue to other libraries; each submodule imports its library only when used."""
