@@ -17,7 +17,7 @@ $(BIN)/activate:
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[store,dashboard,test,triton]'
+	$(BIN)/pip install -q -e '.[store,dashboard,test,triton,hf]'
 	touch $@
 
 setup: $(VENV)/.installed

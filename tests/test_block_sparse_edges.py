@@ -37,6 +37,19 @@ def test_empty_shapes_give_an_empty_result_on_every_backend(shape, impl):
             assert all(g.shape == shape for g in grads), name
 
 
+@pytest.mark.parametrize("impl", ["gather", "reference"])
+def test_no_queries_against_keys_is_empty(impl):
+    """Nq = 0 queries against Nk > 0 keys (a decode step with nothing to ask):
+    an empty (B, H, 0, D) result, and zero gradients of the right shapes."""
+    q = torch.randn(1, 2, 0, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = block_sparse_attention(q, k, v, local_window(2), impl=impl, block_size=4)
+    assert out.shape == (1, 2, 0, 8)
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert not dk.any() and not dv.any()
+
+
 @pytest.mark.parametrize("shape", EMPTY_SHAPES[:3], ids=str)
 def test_modules_take_empty_inputs(shape):
     b, h, n, d = shape

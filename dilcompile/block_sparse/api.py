@@ -87,8 +87,10 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_impl(q, pattern, impl, needs_grad)
-    if q.numel() == 0:  # B, H, N or D is 0: the output (B, H, N, D) is empty whatever the pattern
-        return q * 0 + (k * 0 + v * 0)  # empty, and connected to q, k, v for autograd
+    if q.numel() == 0:  # B, H, Nq or D is 0: the output (B, H, Nq, D) is empty whatever the pattern
+        # empty, and connected to q, k, v for autograd (k, v summed over their own length, which
+        # may differ from q's)
+        return q * 0 + (k * 0 + v * 0).sum(dim=2, keepdim=True)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     b, h, n, _ = q.shape
