@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
-from .masked import masked_values
+from .masked import masked_matmul
 
 aten = torch.ops.aten
 
@@ -277,7 +277,7 @@ def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> 
     s = s.masked_fill(~mask, float("-inf"))
     lse = s.logsumexp(-1)
     p = torch.where(mask, (s - lse[:, None]).exp(), 0.0)
-    return masked_values(p, v, mask), lse
+    return masked_matmul(p, v, mask), lse
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
@@ -395,5 +395,5 @@ def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tenso
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = (qb.to(acc) @ kg.to(acc).transpose(-1, -2)) * scale + bias.to(acc).repeat_interleave(bs, -1)[..., None, :]
     s = s.masked_fill(~ok, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    return (p @ vg.to(acc)).to(q.dtype).flatten(2, 3)[:, :, :n]
+    p = torch.where(ok.any(-1, keepdim=True), torch.softmax(s, -1), 0.0)  # a row with no key: 0 (not NaN)
+    return masked_matmul(p, vg.to(acc), ok).to(q.dtype).flatten(2, 3)[:, :, :n]
