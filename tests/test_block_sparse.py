@@ -351,7 +351,8 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
     has = {"stacked": any(c.shared and c.rows.numel() > 1 for c in calls),
            "sub-rows": any(_sub_rows(c, 32) for c in calls),
            "picked queries": any(_tokens(c) and c.qtok is not None for c in calls),
-           "merges": any(c.merge for c in calls), "backward sub-rows": any(_sub_rows(c, 32) for c in plan.backward_calls)}
+           "merges": any(c.merge for c in calls),
+           "backward sub-rows": any(_sub_rows(c, 32) for c in plan.backward_calls)}
     want = {"dilated": {"picked queries", "merges"} | ({"stacked"} if not causal else set()),
             "global_local": {"stacked", "sub-rows", "merges", "backward sub-rows"},
             "union": {"sub-rows", "merges", "backward sub-rows"},
