@@ -33,6 +33,31 @@ def _sdpa_masked(q, k, v, pattern, causal):
     return torch.where(mask.any(-1, keepdim=True), out, 0.0)
 
 
+def _run_plan(q, k, v, plan):
+    """The gather backend's output on ``plan`` (built with non-default PlanOptions),
+    differentiable: the eager path that ``block_sparse_attention`` takes."""
+    from dilcompile.block_sparse.ops import _Gather
+
+    return _Gather.apply(q, k, v, plan, q.shape[-1] ** -0.5)
+
+
+def _band(c):
+    from dilcompile.block_sparse.impl.plan import BandCall
+
+    return isinstance(c, BandCall)
+
+
+def _sub_rows(c, block_size):
+    """A band call split into sub-rows (rows of fewer queries than a block)."""
+    return _band(c) and c.unit < block_size
+
+
+def _tokens(c):
+    from dilcompile.block_sparse.impl.plan import TokenCall
+
+    return isinstance(c, TokenCall)
+
+
 def _assert_matches_with_grads(out, ref, q, k, v):
     """Output and dq, dk, dv equal the float64 reference (no NaN)."""
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
@@ -86,23 +111,20 @@ def test_low_precision_within_twice_plain_pytorch_error(dtype, pattern, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["global_local", "dilated"])
-def test_low_precision_stacked_rows_and_sub_rows(dtype, name, monkeypatch):
+def test_low_precision_stacked_rows_and_sub_rows(dtype, name):
     """Stacked rows (shared keys), sub-rows and single-row windows in low
     precision, batch 2: within the 2× rule of plain PyTorch's error."""
-    from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
 
-    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
-    monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
+    options = PlanOptions(min_sub_rows=8, chunk_elements=1 << 16)
     pattern = global_local(56, 20) if name == "global_local" else dilated((128, 256), (1, 2))
     bound = pattern.with_heads(4)
-    calls = gather_plan.make_plan(bound, 4, 1000, 32, torch.device("cpu")).calls
+    plan = make_plan(bound, 4, 1000, 32, torch.device("cpu"), options)
+    calls = plan.calls
     assert any(c.shared and c.rows.numel() > 1 for c in calls)
-    assert any(c.unit for c in calls) == (name == "global_local")
-    cache.clear()
+    assert any(_sub_rows(c, 32) for c in calls) == (name == "global_local")
     q, k, v = random_qkv(2, 4, 1000, 32, dtype=dtype)
-    out = block_sparse_attention(q, k, v, pattern, block_size=32, impl="gather")
-    cache.clear()
+    out = _run_plan(q, k, v, plan)
     mask = bound.dense_mask(4, 1000)
     ref = _sdpa_masked(q.double(), k.double(), v.double(), pattern, False)
     s = (q @ k.transpose(-1, -2)) * 32 ** -0.5
@@ -223,15 +245,15 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
     pattern = local_window(40) if name == "local_window" else global_local(40, 20)
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
     plan = make_plan(bound, 3, n, 32, torch.device("cpu"))
-    assert sum(c.rows.numel() for c in plan.calls if c.band is not None) >= plan.num_blocks - 4
+    assert sum(c.rows.numel() for c in plan.calls if _band(c)) >= plan.num_blocks - 4
     # every query is written by a call that does not merge: the output starts uninitialised (no fill)
     assert plan.writes_every_row == (not causal)  # causal: row 0 has one block, no band (a merging call)
     # A window band's token mask is the same for every row (away from the ends): one row, broadcast.
-    masks = [plan.token_mask(c, torch.float64)[0] for c in plan.calls if c.band is not None and c.masked]
+    masks = [plan.token_mask(c, torch.float64)[0] for c in plan.calls if _band(c) and c.masked]
     assert any(m.stride(1) == 0 for m in masks)
     if name == "global_local":  # the global key block of every row: gathered, merged into the band's result
         merged = torch.cat([c.rows for c in plan.calls if c.merge])
-        assert merged.unique().numel() >= plan.num_blocks - 2 and all(c.band is None for c in plan.calls if c.merge)
+        assert merged.unique().numel() >= plan.num_blocks - 2 and all(not _band(c) for c in plan.calls if c.merge)
     q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
                for t in random_qkv(1, 3, n, 8))
     out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32)
@@ -242,30 +264,28 @@ def test_banded_chunks_use_strided_keys_and_stay_exact(name, causal, n):
 @pytest.mark.parametrize("n", [1000, 1025])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["local_window", "global_local", "union", "per_head"])
-def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, monkeypatch):
+def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n):
     """A sliding band's rows are halved while each half's allowed keys fit a
-    narrower window sliding with it (down to MIN_SUB_ROWS queries; 8 here so
+    narrower window sliding with it (down to min_sub_rows queries; 8 here so
     32-token blocks split twice); a single row's halves get a window each.
     (global_local: the global keys, the same for every row, run as one call
     on stacked rows.) The windows stay inside the band, so keys of
     the same rows held by other calls (random blocks next to the window) are
     not counted twice: exact, outputs and gradients."""
-    from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
     from dilcompile.patterns import causal as causal_of
 
-    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
     pattern = {"local_window": local_window(56), "global_local": global_local(56, 20),
                "union": union(local_window(56), random_blocks(0.2, 32, 1)),
                "per_head": union(global_local(56, 20), dilated((64, 256), (1, 4)))}[name]
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
-    plan = gather_plan.make_plan(bound, 3, n, 32, torch.device("cpu"))
-    split = [c for c in plan.calls if c.unit is not None]
+    plan = make_plan(bound, 3, n, 32, torch.device("cpu"), PlanOptions(min_sub_rows=8))
+    split = [c for c in plan.calls if _sub_rows(c, 32)]
     assert split and {c.unit for c in split} == {8}
     # The backward (its kernel slower on short rows) splits a band only where that
-    # drops BACKWARD_SPLIT_SAVING of its pairs — here, with 8-query sub-rows, often
+    # drops backward_split_saving of its pairs — here, with 8-query sub-rows, often
     # — into the forward's sub-rows; whole rows elsewhere (the other tests).
-    assert all(c in plan.calls for c in plan.backward_calls if c.unit is not None)
+    assert all(c in plan.calls for c in plan.backward_calls if _sub_rows(c, 32))
     # fewer keys than the whole-block band (5 blocks, 160 keys): 8 queries see 8 + 2·56 = 120
     sliding = [c for c in split if c.rows.numel() > 1]
     if name == "per_head":  # head-dependent keys: single rows split, each sub-row's window spanning all heads
@@ -278,11 +298,9 @@ def test_band_rows_split_into_sub_rows_with_narrower_windows(name, causal, n, mo
     if name == "union":
         assert any(c.merge for c in plan.calls)  # random blocks beside the band: another call, merged
     if name == "global_local" and n % 32 == 0:  # every row's global keys: one copy, rows stacked as one run
-        assert any(c.shared and c.tokens and c.rows.numel() > 1 for c in plan.calls)
-    cache.clear()
+        assert any(c.shared and _tokens(c) and c.rows.numel() > 1 for c in plan.calls)
     q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
-    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
-    cache.clear()
+    out = _run_plan(q, k, v, plan)
     _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
 
 
@@ -297,10 +315,10 @@ def test_backward_splits_a_global_query_block_but_not_the_window_band():
 
     n, pattern = 2048, global_local(256, 64)
     plan = gather_plan.make_plan(pattern.with_heads(2), 2, n, 128, torch.device("cpu"))
-    split = [c for c in plan.backward_calls if c.unit is not None]
+    split = [c for c in plan.backward_calls if _sub_rows(c, 128)]
     assert sorted(c.idx.shape[-1] * c.unit for c in split)[-1] == n  # the global queries: every key, one sub-row
     assert all(c.rows.numel() == 1 and c in plan.calls for c in split)
-    assert any(c.unit is None and c.band is not None and c.step == 1 and c.rows.numel() > 1
+    assert any(_band(c) and not _sub_rows(c, 128) and c.step == 1 and c.rows.numel() > 1
                for c in plan.backward_calls)  # the window band: whole rows
     cache.clear()
     q, k, v = random_qkv(1, 2, n, 8, requires_grad=True)
@@ -315,95 +333,88 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
     """Off CPU the gather backend runs each call as an explicit softmax: on the
     same plans (stacked rows sharing keys, sub-rows, token calls with picked
     queries, merges) it matches the float64 reference, outputs and gradients."""
-    from dilcompile.block_sparse import cache
     from dilcompile.block_sparse.impl import gather
-    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
     from dilcompile.patterns import causal as causal_of
 
     monkeypatch.setattr(gather, "_kernel_fwd", gather._explicit_fwd)
     monkeypatch.setattr(gather, "_kernel_bwd", gather._explicit_bwd)
-    monkeypatch.setattr(gather_plan, "MIN_SUB_ROWS", 8)
+    options = PlanOptions(min_sub_rows=8)
     if name == "dilated":  # chunks inside one segment, as at N = 16384 with 128-token blocks
-        monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
+        options = PlanOptions(min_sub_rows=8, chunk_elements=1 << 16)
     pattern = {"dilated": dilated((128, 256), (1, 2)), "global_local": global_local(56, 20),
                "hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))),
                "union": union(local_window(56), random_blocks(0.2, 32, 1))}[name]
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
-    plan = gather_plan.make_plan(bound, 3, 1000, 32, torch.device("cpu"))
+    plan = make_plan(bound, 3, 1000, 32, torch.device("cpu"), options)
     calls = plan.calls
-    has = {"stacked": any(c.shared and c.rows.numel() > 1 for c in calls), "sub-rows": any(c.unit for c in calls),
-           "picked queries": any(c.qtok is not None for c in calls), "merges": any(c.merge for c in calls),
-           "backward sub-rows": any(c.unit for c in plan.backward_calls)}
+    has = {"stacked": any(c.shared and c.rows.numel() > 1 for c in calls),
+           "sub-rows": any(_sub_rows(c, 32) for c in calls),
+           "picked queries": any(_tokens(c) and c.qtok is not None for c in calls),
+           "merges": any(c.merge for c in calls),
+           "backward sub-rows": any(_sub_rows(c, 32) for c in plan.backward_calls)}
     want = {"dilated": {"picked queries", "merges"} | ({"stacked"} if not causal else set()),
             "global_local": {"stacked", "sub-rows", "merges", "backward sub-rows"},
             "union": {"sub-rows", "merges", "backward sub-rows"},
             "hierarchical": {"sub-rows", "merges", "backward sub-rows"} | ({"picked queries"} if not causal else set())}[name]
     assert {feature for feature, present in has.items() if present} >= want
-    cache.clear()
     q, k, v = random_qkv(2, 3, 1000, 8, requires_grad=True)
-    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
-    cache.clear()
+    out = _run_plan(q, k, v, plan)
     _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["hierarchical", "dilated", "global_local"])
-def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal, monkeypatch):
+def test_sparse_blocks_gather_only_the_attended_key_tokens(name, causal):
     """Blocks few of whose keys the row attends (strided levels, the other half
     of a dilated segment, a short global prefix) leave the band and are
     gathered token by token — per head where the pattern depends on it, with
     only the queries that attend them (repeated query slots must not count
     twice in the backward) — and merged into the band rows; exact, outputs and
     gradients."""
-    from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
     from dilcompile.patterns import causal as causal_of
 
+    options = PlanOptions()
     if name == "dilated":  # chunks inside one segment at this small N (as at N = 16384 with 128-token blocks)
-        monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
+        options = PlanOptions(chunk_elements=1 << 16)
     pattern = {"hierarchical": hierarchical(((1, 24), (8, 6), (64, 2))), "dilated": dilated((128, 256), (1, 2)),
                "global_local": global_local(40, 10)}[name]
     n, heads = 1000, 3
     bound = (causal_of(pattern) if causal else pattern).with_heads(heads)
-    plan = gather_plan.make_plan(bound, heads, n, 32, torch.device("cpu"))
+    plan = make_plan(bound, heads, n, 32, torch.device("cpu"), options)
     widest = bound.block_lists(heads, n, 32).indices.shape[-1]  # most blocks a row lists
-    tokens = [c for c in plan.calls if c.tokens]
-    assert tokens and any(c.band is not None for c in plan.calls)
+    tokens = [c for c in plan.calls if _tokens(c)]
+    assert tokens and any(_band(c) for c in plan.calls)
     assert max(c.idx.shape[-1] for c in tokens) < 32 * widest  # fewer keys than whole blocks
     if name == "dilated":  # head-dependent offsets: keys per head, and only the queries of the same residue
         assert all(c.idx.shape[0] == heads for c in tokens) and any(c.qtok is not None for c in tokens)
-    cache.clear()
     q, k, v = random_qkv(2, heads, n, 8, requires_grad=True)
-    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
-    cache.clear()
+    out = _run_plan(q, k, v, plan)
     _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, causal), q, k, v)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal, monkeypatch):
+def test_segment_chunks_use_stride_zero_keys_and_stay_exact(causal):
     """Chunks whose rows all list the same run of blocks (a dilated segment)
     read keys through a stride-0 view — one copy, the rows stacked as one
     query run, consecutive chunks joined; small chunks force such runs at
     small N."""
-    from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl import plan as gather_plan
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
     from dilcompile.patterns import causal as causal_of
 
-    monkeypatch.setattr(gather_plan, "_CHUNK_ELEMENTS", 1 << 16)
-    cache.clear()
     pattern = dilated((128, 256), (1, 2))
     n = 1000
-    plan = gather_plan.make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32,
-                            torch.device("cpu"))
-    steps = {c.step for c in plan.calls if c.band is not None}
+    plan = make_plan((causal_of(pattern) if causal else pattern).with_heads(3), 3, n, 32, torch.device("cpu"),
+                     PlanOptions(chunk_elements=1 << 16))
+    steps = {c.step for c in plan.calls if _band(c)}
     assert steps == ({1} if causal else {0})  # causal prefixes tie: the sliding band is preferred
     if not causal:  # a segment's rows share their keys: stacked into one query run, chunks joined
-        assert all(c.shared for c in plan.calls if c.band is not None)
+        assert all(c.shared for c in plan.calls if _band(c))
         chunk_rows = (1 << 16) // (3 * 32 * 32 * 8)  # one chunk: 3 heads, 32-token blocks, 8 listed a row
-        assert max(c.rows.numel() for c in plan.calls if c.band is not None) > chunk_rows
+        assert max(c.rows.numel() for c in plan.calls if _band(c)) > chunk_rows
     q, k, v = random_qkv(1, 3, n, 8, requires_grad=True)
-    out = block_sparse_attention(q, k, v, pattern, causal=causal, block_size=32, impl="gather")
-    cache.clear()
+    out = _run_plan(q, k, v, plan)
     ref = _sdpa_masked(q, k, v, pattern, causal)
     _assert_matches_with_grads(out, ref, q, k, v)
 
@@ -420,8 +431,8 @@ def test_plan_from_closed_form_key_needs_equals_the_pairwise_one(causal, monkeyp
     bound = (causal_of(pattern) if causal else pattern).with_heads(3)
 
     def calls(plan):
-        return [(c.rows.tolist(), c.idx.tolist(), c.valid.tolist(), c.full.tolist(),
-                 None if c.qtok is None else c.qtok.tolist()) for c in plan.calls]
+        return [(c.rows.tolist(), c.idx.tolist(), None if _band(c) else c.valid.tolist(), c.full.tolist(),
+                 c.qtok.tolist() if _tokens(c) and c.qtok is not None else None) for c in plan.calls]
 
     fast = calls(make_plan(bound, 3, 1000, 32, torch.device("cpu")))
     monkeypatch.setattr(type(pattern), "attended_keys", lambda self, *args: None)

@@ -68,3 +68,47 @@ def test_gather_gradients_stay_finite_away_from_a_nan_key(name, where):
         keep = ~attended[None]
         assert got[keep].isfinite().all()
         torch.testing.assert_close(got[keep], w[keep], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_reference_gradients_are_nan_only_where_the_math_puts_them(name, where, causal):
+    """The reference's backward: a NaN reaches the gradients the per-row math
+    puts it in and no others — a NaN query makes dk, dv NaN for the keys its
+    row attends, not for every key — and every other gradient is exact."""
+    pattern = PATTERNS[name]
+    q, k, v = random_qkv(1, 2, 100, 8, seed=5)
+    {"q": q, "k": k, "v": v}[where][0, 1, 37, 2] = float("nan")
+    mask = (causal_of(pattern) if causal else pattern).with_heads(2).dense_mask(2, 100)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    upstream = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(6))
+    got = torch.autograd.grad(block_sparse_attention(q, k, v, pattern, causal=causal, impl="reference"),
+                              (q, k, v), upstream)
+    want = torch.autograd.grad(_per_row(q, k, v, mask, 8 ** -0.5), (q, k, v), upstream)
+    for name_, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(g.isnan(), w.isnan()), name_
+        torch.testing.assert_close(g[~w.isnan()], w[~w.isnan()], rtol=1e-10, atol=1e-10, msg=name_)
+    if where == "q":  # the NaN query's row does not attend every key: those keep finite gradients
+        assert not got[1][0, 1].isnan().any(-1).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_adaptive_gather_keeps_a_nan_value_in_the_rows_that_attend_it(causal):
+    """The data-dependent path: a NaN value makes NaN only the rows whose
+    chosen keys include it (not the rest of its query block: causal rows
+    before it), as the reference on the same selection."""
+    from dilcompile.patterns import adaptive
+
+    torch.manual_seed(0)
+    pat = adaptive(head_dim=8, block_size=16, top_k=3, score_dim=4).double().eval()
+    q, k, v = random_qkv(1, 2, 100, 8, seed=7)
+    v[0, 1, 37, 2] = float("nan")
+    with torch.no_grad():
+        got = block_sparse_attention(q, k, v, pat, causal=causal, impl="gather")
+        want = block_sparse_attention(q, k, v, pat, causal=causal, impl="reference")
+    nan_rows = want.isnan().any(-1)
+    assert nan_rows.any() and not nan_rows.all()
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got[~nan_rows], want[~nan_rows], rtol=1e-10, atol=1e-10)
+

@@ -1,8 +1,10 @@
 """Block-gather backend: runs a plan's kernel calls (see ``plan``).
 
-Each call gathers its keys — a strided band view, whole blocks, or single
-tokens (``index_select`` on dim 0 of 2-D views: a memcpy per block) — and its
-queries (slices, or picked rows/tokens), and runs one fused kernel: on CPU
+Each call reads its keys by its kind (``_operands``): a ``BandCall`` through
+a strided view of the key blocks, a ``BlockCall`` / ``TokenCall`` gathering
+whole blocks / single tokens (``index_select`` on dim 0 of 2-D views: a
+memcpy per block) — and its queries (slices, or picked rows/tokens), and
+runs one fused kernel: on CPU
 ATen's flash attention (mask + log-sum-exp + backward), elsewhere an
 explicit-softmax kernel; rows that share their keys run stacked as one
 query run. A call whose rows already hold a result merges into them by
@@ -15,14 +17,91 @@ data-dependent pattern).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .masked import masked_values
-from .plan import Call, GatherPlan
+from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
+from .masked import masked_matmul
 
 aten = torch.ops.aten
+
+
+class _Picked(NamedTuple):
+    """Queries picked by id: per-head query blocks (C,) — rows of an
+    (H·Qb, bs·…) view — or query tokens (Hp, C, Lq) — rows of an (H·Qb·bs, …) view."""
+
+    ids: Tensor
+    tokens: bool
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """How one call reads its queries and keys and writes its results."""
+
+    unit: int | None  # the tensors are viewed in rows of this many tokens (a band's sub-rows); None: blocks
+    queries: slice | _Picked  # a slice of query blocks, or picked ones
+    keys: Callable[[Tensor], Tensor]  # xb (H, nb, bs, D) → the call's keys (H, C, L, D), (H, 1, L, D) when shared
+    add_keys: Callable[[Tensor, Tensor], None]  # dst (H, nb, bs, D) += key gradients g (as ``keys`` gives them)
+    qvalid: Tensor | None = None  # (Hp, C, Lq): first occurrences of repeated query slots
+
+
+def _operands(call: Call, block_size: int) -> _Operands:
+    if isinstance(call, BandCall):
+        return _band_operands(call, block_size)
+    if isinstance(call, BlockCall):
+        return _block_operands(call)
+    return _token_operands(call)
+
+
+def _band_operands(call: BandCall, block_size: int) -> _Operands:
+    """A band: its rows are a slice, its keys an overlapping strided view (no
+    copy); key gradients add back slot by slot."""
+    rows, kk = 1 if call.shared else call.rows.numel(), call.idx.shape[-1]
+
+    def keys(xb: Tensor) -> Tensor:
+        return _band_view(xb, rows, kk, call.first, call.step)
+
+    def add_keys(dst: Tensor, g: Tensor) -> None:
+        # K adds of strided slices, reading g in the kernel's own layout
+        # (flattening it first costs a copy as large as the adds).
+        g, bs = g.to(dst.dtype), dst.shape[2]
+        for s in range(kk):
+            first = call.first + s
+            part = g[:, :, s * bs:(s + 1) * bs]
+            if call.step:  # a sliding band: row c's slot s is block first + c
+                dst[:, first:first + g.shape[1]].add_(part)
+            else:  # every row the same run (a shared call: one row)
+                dst[:, first].add_(part.sum(1))
+
+    unit = None if call.unit == block_size else call.unit
+    return _Operands(unit, slice(call.r0, call.r0 + call.rows.numel()), keys, add_keys)
+
+
+def _block_operands(call: BlockCall) -> _Operands:
+    """Gathered key blocks: one index_select of whole blocks; gradients index_add back."""
+    idx = call.idx[:, :1] if call.shared else call.idx
+    return _Operands(None, _query_rows(call), lambda xb: _gather(xb, idx),
+                     lambda dst, g: _index_add_keys(dst, idx, g, dst.shape[2]))
+
+
+def _token_operands(call: TokenCall) -> _Operands:
+    """Gathered key tokens, and (``qtok``) picked query tokens."""
+    idx = call.idx[:, :1] if call.shared else call.idx
+
+    def keys(xb: Tensor) -> Tensor:
+        h, nb, bs, d = xb.shape
+        return _gather(xb.view(h, nb * bs, 1, d), idx)
+
+    queries = _query_rows(call) if call.qtok is None else _Picked(call.qtok, True)
+    return _Operands(None, queries, keys, lambda dst, g: _index_add_keys(dst, idx, g, 1), call.qvalid)
+
+
+def _query_rows(call: BlockCall | TokenCall) -> slice | _Picked:
+    return slice(call.r0, call.r0 + call.rows.numel()) if call.r0 is not None else _Picked(call.rows, False)
 
 
 def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
@@ -32,20 +111,9 @@ def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
     return xb.as_strided((h, rows, kk * bs, d), (nb * bs * d, step * bs * d, d, 1), xb.storage_offset() + start * bs * d)
 
 
-def _keys(xb: Tensor, call: Call) -> Tensor:
-    """The call's keys (H, C, L, D) — (H, 1, L, D), one copy, when its rows share them."""
-    idx = call.idx[:, :1] if call.shared else call.idx
-    if call.tokens:  # (H, nb·bs, D) rows picked per token
-        h, nb, bs, d = xb.shape
-        return _gather(xb.view(h, nb * bs, 1, d), idx)
-    if call.band is None:
-        return _gather(xb, idx)
-    return _band_view(xb, idx.shape[1], idx.shape[-1], call.band, call.step)
-
-
-def _one_run(x: Tensor, call: Call) -> Tensor:
+def _one_run(x: Tensor, shared: bool) -> Tensor:
     """(H, C, L, ...) → (H, 1, C·L, ...): the rows of a call that share their keys, stacked."""
-    return x.reshape(x.shape[0], 1, -1, *x.shape[3:]) if call.shared else x
+    return x.reshape(x.shape[0], 1, -1, *x.shape[3:]) if shared else x
 
 
 def _flat_rows(h: int, width: int, rows: Tensor) -> Tensor:
@@ -56,34 +124,45 @@ def _flat_rows(h: int, width: int, rows: Tensor) -> Tensor:
     return (torch.arange(h, device=rows.device)[:, None] * width + rows).flatten()
 
 
-def _rows(x: Tensor, call: Call) -> Tensor:
+def _take(x: Tensor, where: slice | _Picked) -> Tensor:
     """x (H, Qb, bs, ...) contiguous → the call's queries (H, C, bs or Lq, ...):
     a slice, or a copy."""
     h, qb, bs = x.shape[:3]
-    if call.qtok is not None:
-        picked = x.reshape(h * qb * bs, -1).index_select(0, _flat_rows(h, qb * bs, call.qtok))
-        return picked.view(h, *call.qtok.shape[1:], *x.shape[3:])
-    if call.r0 is not None:
-        return x[:, call.r0:call.r0 + call.rows.numel()]
-    picked = x.reshape(h * qb, -1).index_select(0, _flat_rows(h, qb, call.rows))
-    return picked.view(h, call.rows.numel(), *x.shape[2:])
+    if isinstance(where, slice):
+        return x[:, where]
+    if where.tokens:
+        picked = x.reshape(h * qb * bs, -1).index_select(0, _flat_rows(h, qb * bs, where.ids))
+        return picked.view(h, *where.ids.shape[1:], *x.shape[3:])
+    picked = x.reshape(h * qb, -1).index_select(0, _flat_rows(h, qb, where.ids))
+    return picked.view(h, where.ids.numel(), *x.shape[2:])
 
 
-def _put(x: Tensor, call: Call, value: Tensor, add: bool = False) -> None:
+def _put(x: Tensor, where: slice | _Picked, value: Tensor, add: bool = False) -> None:
     """Write (or add) value (H, C, bs or Lq, ...) into the call's queries of x
     (H, Qb, bs, ...) (contiguous). Padded query slots (repeats) are written
     twice with equal values; adding, the caller zeroes them."""
     h, qb, bs = x.shape[:3]
-    if call.qtok is not None:
-        flat, ids = x.view(h * qb * bs, -1), _flat_rows(h, qb * bs, call.qtok)
-    elif call.r0 is not None:
-        dst = x[:, call.r0:call.r0 + call.rows.numel()]
+    if isinstance(where, slice):
+        dst = x[:, where]
         dst.add_(value) if add else dst.copy_(value)
         return
+    if where.tokens:
+        flat, ids = x.view(h * qb * bs, -1), _flat_rows(h, qb * bs, where.ids)
     else:
-        flat, ids = x.view(h * qb, -1), _flat_rows(h, qb, call.rows)
+        flat, ids = x.view(h * qb, -1), _flat_rows(h, qb, where.ids)
     src = value.reshape(ids.numel(), -1)
     flat.index_add_(0, ids, src) if add else flat.index_copy_(0, ids, src)
+
+
+def _index_add_keys(dst: Tensor, idx: Tensor, g: Tensor, unit: int) -> None:
+    """dst (H, nb, bs, D) += g (H, C, K·unit, D), slot s of row c at key
+    idx[·, c, s] counted in ``unit``-token slots (a block, or one token)."""
+    h, nb, bs, d = dst.shape
+    g = g.to(dst.dtype)
+    slots = nb * bs // unit
+    heads = torch.arange(h, device=dst.device)[:, None, None]
+    flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
+    dst.view(h * slots, unit, d).index_add_(0, flat, g.unflatten(2, (-1, unit)).flatten(0, 2))
 
 
 def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
@@ -95,7 +174,7 @@ def _blocks(x: Tensor, bs: int, nb: int) -> Tensor:
 
 def _in_units(unit: int | None, *xs: Tensor) -> tuple[Tensor, ...]:
     """(B, H, nb, bs, ...) contiguous → (B, H, nb·bs/unit, unit, ...) views, for a
-    call whose rows are sub-blocks (``Call.unit``); unchanged when unit is None."""
+    call whose rows are sub-blocks (a band's ``unit``); unchanged when unit is None."""
     if unit is None:
         return xs
     return tuple(x.view(*x.shape[:2], -1, unit, *x.shape[4:]) for x in xs)
@@ -198,7 +277,7 @@ def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> 
     s = s.masked_fill(~mask, float("-inf"))
     lse = s.logsumexp(-1)
     p = torch.where(mask, (s - lse[:, None]).exp(), 0.0)
-    return masked_values(p, v, mask), lse
+    return masked_matmul(p, v, mask), lse
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
@@ -223,48 +302,24 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
     for call in plan.calls:
         mask, nonempty = plan.token_mask(call, q.dtype)
-        cq, ck, cv, cout, clse = _in_units(call.unit, qb, kb, vb, out, lse)
+        ops = _operands(call, bs)
+        cq, ck, cv, cout, clse = _in_units(ops.unit, qb, kb, vb, out, lse)
         for i in range(b):
-            qi = _rows(cq[i], call)
-            o, l = _kernel_fwd(_one_run(qi, call), _keys(ck[i], call), _keys(cv[i], call), mask, scale)
+            qi = _take(cq[i], ops.queries)
+            o, l = _kernel_fwd(_one_run(qi, call.shared), ops.keys(ck[i]), ops.keys(cv[i]), mask, scale)
             o, l = o.reshape(qi.shape), l.reshape(qi.shape[:-1])
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
             if call.merge:  # in place: into views of out and lse, or into copies written back
-                o_old, l_old = _rows(cout[i], call), _rows(clse[i], call)
+                o_old, l_old = _take(cout[i], ops.queries), _take(clse[i], ops.queries)
                 _merge_into(o, l, o_old, l_old)
-                if call.r0 is not None and call.qtok is None:
+                if isinstance(ops.queries, slice):
                     continue
                 o, l = o_old, l_old
-            _put(cout[i], call, o)
-            _put(clse[i], call, l)
+            _put(cout[i], ops.queries, o)
+            _put(clse[i], ops.queries, l)
     lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
     return out.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
-
-
-def _add_keys(dst: Tensor, call: Call, g: Tensor) -> None:
-    """Add a call's key gradients g (H, C or 1, L, D) into dst (H, nb, bs, D).
-    A band's slot s of row c is block band + step·c + s: K adds of strided
-    slices, reading g in the kernel's own layout (flattening it first costs a
-    copy as large as the adds); gathered blocks and tokens index_add by slot."""
-    h, nb, bs, d = dst.shape
-    g = g.to(dst.dtype)
-    if call.band is not None and not call.tokens:  # band and blocks counted in dst's units
-        rows, kk = g.shape[1], call.idx.shape[-1]
-        for s in range(kk):
-            first = call.band + s
-            part = g[:, :, s * bs:(s + 1) * bs]
-            if call.step:  # a sliding band: row c's slot s is block first + c
-                dst[:, first:first + rows].add_(part)
-            else:  # every row the same run (a shared call: one row)
-                dst[:, first].add_(part.sum(1))
-        return
-    idx = call.idx[:, :1] if call.shared else call.idx
-    unit = 1 if call.tokens else bs  # keys per slot
-    slots = nb * bs // unit
-    heads = torch.arange(h, device=dst.device)[:, None, None]
-    flat = (heads * slots + idx.expand(h, *idx.shape[1:])).flatten()  # (H·C·K,) rows of (H·slots)
-    dst.view(h * slots, unit, d).index_add_(0, flat, g.unflatten(2, (-1, unit)).flatten(0, 2))
 
 
 def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: GatherPlan,
@@ -301,17 +356,18 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
-        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(call.unit, qb, kb, vb, dob, ob, lb, dq, dk, dv)
+        ops, shared = _operands(call, bs), call.shared
+        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(ops.unit, qb, kb, vb, dob, ob, lb, dq, dk, dv)
         for i in range(b):
-            do_i = _rows(cdo[i], call)
-            if call.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
-                do_i = do_i * call.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, call), _one_run(_rows(cq[i], call), call), _keys(ck[i], call),
-                                        _keys(cv[i], call), _one_run(_rows(co[i], call), call),
-                                        _one_run(_rows(cl[i], call), call), mask, scale)
-            _put(cdq[i], call, g_q.to(acc).reshape(do_i.shape), add=True)
-            _add_keys(cdk[i], call, g_k)
-            _add_keys(cdv[i], call, g_v)
+            do_i = _take(cdo[i], ops.queries)
+            if ops.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
+                do_i = do_i * ops.qvalid[..., None].to(do_i.dtype)
+            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, shared), _one_run(_take(cq[i], ops.queries), shared),
+                                        ops.keys(ck[i]), ops.keys(cv[i]), _one_run(_take(co[i], ops.queries), shared),
+                                        _one_run(_take(cl[i], ops.queries), shared), mask, scale)
+            _put(cdq[i], ops.queries, g_q.to(acc).reshape(do_i.shape), add=True)
+            ops.add_keys(cdk[i], g_k)
+            ops.add_keys(cdv[i], g_v)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
@@ -339,5 +395,5 @@ def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tenso
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = (qb.to(acc) @ kg.to(acc).transpose(-1, -2)) * scale + bias.to(acc).repeat_interleave(bs, -1)[..., None, :]
     s = s.masked_fill(~ok, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    return (p @ vg.to(acc)).to(q.dtype).flatten(2, 3)[:, :, :n]
+    p = torch.where(ok.any(-1, keepdim=True), torch.softmax(s, -1), 0.0)  # a row with no key: 0 (not NaN)
+    return masked_matmul(p, vg.to(acc), ok).to(q.dtype).flatten(2, 3)[:, :, :n]

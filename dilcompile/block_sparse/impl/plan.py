@@ -15,194 +15,32 @@ merge into it by log-sum-exp. Token masks are built from ``mask_mod`` on
 partial blocks only, and cached while small.
 
 Two rules follow the CPU kernel's tiling, which is much faster on long query
-runs: rows that attend the same keys run stacked as one (``Call.shared``),
-and a sliding band's rows are halved while that narrows their key window
+runs: rows that attend the same keys run stacked as one (``shared``), and a
+sliding band's rows are halved while that narrows their key window
 (``_sub_rows``; the backward only where that saves many pairs).
+
+The calls are ``BandCall``, ``BlockCall`` and ``TokenCall`` records (see
+``calls``); the tuning constants are a ``PlanOptions``.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-# Mask elements kept resident per plan; larger plans rebuild the mask per call.
-MASK_CACHE_ELEMENTS = 1 << 26  # as floats in the kernel's dtype
-BOOL_MASK_CACHE_ELEMENTS = 1 << 29  # as bools
-# Shortest run of banded rows worth its own kernel call (shorter runs stay in the gather chunk).
-MIN_BAND_ROWS = 4
-# Fewest queries per kernel row: a sliding band's rows are halved down to this
-# while that narrows their keys (the CPU kernel loses efficiency below 64 queries).
-MIN_SUB_ROWS = 64
-# The backward splits a band into sub-rows only when that drops this fraction
-# of its pairs: its kernel is slower on 64-query rows (522 vs 420 ms on a local
-# window's pairs: an 11 % saving loses), but a global query block's halves
-# (every key vs a window: ~45 % fewer pairs) gain.
-BACKWARD_SPLIT_SAVING = 0.25
-# Score-matrix elements per kernel call (bounds the explicit-softmax kernel's memory).
-_CHUNK_ELEMENTS = 1 << 24
-# Leftover keys are gathered token by token, not block by block, when that drops
-# at least this fraction of the gathered keys (keys no query of the row attends:
-# strided levels, global prefixes, 2-D neighbourhoods).
-TOKEN_SAVING = 0.25
+from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pairs, token_pairs
+
+__all__ = ["BandCall", "BlockCall", "Call", "GatherPlan", "PlanOptions", "TokenCall", "make_plan"]
 
 
-@dataclass(eq=False)  # hashed by identity: the plan's mask cache is keyed by call
-class Call:
-    """One kernel call: query blocks ``rows`` (C,) attend key blocks ``idx``
-    (Hp, C, K). ``r0``: the rows are r0 .. r0 + C − 1 (plain slices) — else
-    they are picked with index_select. ``band`` = first key block of the first
-    row when row c's blocks are exactly band + step·c + 0..K−1, step 1 (a
-    sliding band) or 0 (every row the same run: segment patterns) (keys are
-    then an overlapping strided view, no gather); ``valid`` marks real slots
-    (padding and repeats are masked out); ``full`` marks blocks whose every
-    pair is allowed. A call with every slot valid and full runs unmasked.
-    ``merge``: its rows may already hold a result (merge by log-sum-exp).
-    ``tokens``: ``idx`` lists key tokens, not blocks (``full``: every query
-    of the call attends that key). ``qtok`` (Hp, C, Lq): the call runs only
-    these query tokens of its rows (those attending any of its keys), padded
-    with repeats of a real one; ``qvalid`` marks the first occurrences.
-    ``unit``: tokens per row and per key slot when not the plan's block size
-    (a band split into sub-rows: rows, idx and band count sub-blocks).
-    ``shared``: every row attends the same keys (a segment's run of blocks, a
-    global prefix): the kernel runs the rows stacked as one long query run —
-    the CPU kernel tiles 256 queries from 768 on but 32 below 192 — and reads
-    (and, backward, sums gradients into) one copy of the keys."""
-
-    rows: Tensor
-    r0: int | None
-    merge: bool
-    idx: Tensor
-    band: int | None
-    step: int
-    valid: Tensor
-    full: Tensor
-    tokens: bool = False
-    qtok: Tensor | None = None
-    qvalid: Tensor | None = None
-    unit: int | None = None
-    shared: bool = False
-
-    @property
-    def masked(self) -> bool:
-        return not bool((self.valid & self.full).all())
-
-
-@dataclass
-class GatherPlan:
-    """What the gather backend needs for one (pattern, N, block size, device, heads)."""
-
-    n: int
-    block_size: int
-    num_blocks: int  # query (and key) blocks: ceil(N / block size)
-    pattern: object  # head-bound pattern (with causal applied): its mask_mod builds token masks
-    calls: list  # [Call], in order: a merging call follows the calls that wrote its rows
-    # The same (query, key) pairs as the backward runs them: a sliding band's
-    # sub-rows (see _sub_rows) are whole rows there (the CPU kernel's backward
-    # is slower on 64-query rows) unless the split saves many pairs.
-    backward_calls: list
-    masks: dict = field(default_factory=dict)  # (call, dtype) → (additive mask, nonempty rows)
-
-    @property
-    def merges(self) -> bool:
-        return any(c.merge for c in self.calls)
-
-    @cached_property
-    def writes_every_row(self) -> bool:
-        """The calls that do not merge (they come first) write every query: the
-        output needs no zero fill before them."""
-        written = torch.zeros(self.num_blocks * self.block_size, dtype=torch.bool)
-        for c in self.calls:
-            if not c.merge and c.qtok is None:
-                unit = c.unit or self.block_size
-                written[(c.rows.cpu()[:, None] * unit + torch.arange(unit)).flatten()] = True
-        return bool(written.all())
-
-    @cached_property
-    def mask_elements(self) -> int:
-        """Mask elements of every masked call, both directions (decides how masks are cached)."""
-        calls = {c: None for c in self.calls + self.backward_calls if c.masked}
-        return sum(c.idx.numel() * ((c.unit or self.block_size) if c.qtok is None else c.qtok.shape[-1])
-                   * (1 if c.tokens else c.unit or self.block_size) for c in calls)
-
-    def token_mask(self, call: Call, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
-        """Additive mask (Hp, C, bs, K·bs) of ``call``: 0 where allowed, −inf
-        elsewhere (broadcasts over heads when Hp = 1), None for an unmasked
-        call — (Hp, 1, C·bs, K·bs), rows stacked, for a ``shared`` call; and
-        the rows with any allowed key (Hp, C, bs) (None: all).
-        Cached as floats when the plan's whole mask is small, as bools (4×
-        smaller, one cheap conversion per call) when it is moderate; rebuilt
-        per call beyond that."""
-        if not call.masked:
-            return None, None
-        if (call, dtype) in self.masks:
-            return self.masks[(call, dtype)]
-        allowed = self.masks.get((call, "bool"))
-        if allowed is None:
-            allowed = _allowed(self.pattern, self.n, call.unit or self.block_size, call)
-            if allowed.shape[1] > 1 and bool((allowed == allowed[:, :1]).all()):
-                # Every row the same (a window's band): one row, broadcast (stride 0)
-                # — the kernel reads one cache-resident mask instead of C of them.
-                allowed = allowed[:, :1].expand(allowed.shape)
-        zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        if allowed.stride(1) == 0:  # one row, broadcast: convert that row only
-            row = allowed[:, :1]
-            got = (torch.where(row, zero, zero - float("inf")).expand(allowed.shape),
-                   row.any(-1).expand(allowed.shape[:-1]))
-        else:
-            got = (torch.where(allowed, zero, zero - float("inf")), allowed.any(-1))  # one pass over the mask
-        if call.shared:
-            got = (got[0].reshape(got[0].shape[0], 1, -1, got[0].shape[-1]), got[1])
-        whole = self.mask_elements
-        if whole <= MASK_CACHE_ELEMENTS:
-            self.masks[(call, dtype)] = got
-        elif whole <= BOOL_MASK_CACHE_ELEMENTS:
-            self.masks[(call, "bool")] = allowed
-        return got
-
-
-def _allowed(pattern, n: int, bs: int, call: Call) -> Tensor:
-    """(Hp, C, bs, K·bs) bool mask of a call with bs-token rows and slots. Full
-    blocks are True and invalid slots False without evaluating anything;
-    ``mask_mod`` runs on partial blocks only."""
-    if call.tokens:
-        return _token_allowed(pattern, n, bs, call)
-    idx = call.idx
-    dev = idx.device
-    zero = torch.zeros((), dtype=torch.long, device=dev)
-    hp, c, k = idx.shape
-    allowed = call.valid[:, :, None, :, None].expand(hp, c, bs, k, bs).clone()
-    hh, cc, ss = (call.valid & ~call.full).nonzero(as_tuple=True)
-    if hh.numel():
-        off = torch.arange(bs, device=dev)
-        q_idx = (call.rows[cc] * bs)[:, None, None] + off[None, :, None]  # (P, bs, 1)
-        kv_idx = (idx[hh, cc, ss] * bs)[:, None, None] + off[None, None, :]  # (P, 1, bs)
-        ok = pattern.mask_mod(zero, hh[:, None, None], q_idx, kv_idx)
-        allowed[hh, cc, :, ss, :] = (ok & (kv_idx < n)).expand(-1, bs, bs)
-    return allowed.flatten(3, 4)
-
-
-def _token_allowed(pattern, n: int, bs: int, call: Call) -> Tensor:
-    """(Hp, C, Lq, L) bool mask of a token call (Lq = bs without ``qtok``)."""
-    dev = call.idx.device
-    if call.qtok is None:
-        q_idx = (call.rows * bs)[:, None, None] + torch.arange(bs, device=dev)[:, None]  # (C, bs, 1)
-    else:
-        q_idx = call.qtok[..., None]  # (Hp, C, Lq, 1)
-    h = torch.arange(call.idx.shape[0], device=dev)[:, None, None, None]
-    kv_idx = call.idx[:, :, None, :]  # (Hp, C, 1, L)
-    zero = torch.zeros((), dtype=torch.long, device=dev)
-    return pattern.mask_mod(zero, h, q_idx, kv_idx) & call.valid[:, :, None, :] & (kv_idx < n)
-
-
-def _compress_queries(pattern, n: int, bs: int, call: Call) -> Call:
+def _compress_queries(pattern, n: int, bs: int, call: TokenCall) -> TokenCall:
     """A token call whose keys only some of its queries attend (the other
     residues of a dilated segment) runs just those queries; a call whose every
     query attends every key runs unmasked."""
-    allowed = _token_allowed(pattern, n, bs, call)  # (Hp, C, bs, L)
+    allowed = token_pairs(pattern, n, bs, call)  # (Hp, C, bs, L)
     hp = allowed.shape[0]
     q = ((call.rows * bs)[:, None] + torch.arange(bs, device=allowed.device)).expand(hp, -1, -1)
     need = allowed.any(-1) & (q < n)
@@ -216,7 +54,10 @@ def _compress_queries(pattern, n: int, bs: int, call: Call) -> Call:
     return replace(call, qtok=q.gather(-1, order), qvalid=qvalid, full=picked.all(-2) & call.valid)
 
 
-def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> GatherPlan:
+def make_plan(pattern, num_heads: int, n: int, block_size: int, device,
+              options: PlanOptions = PlanOptions()) -> GatherPlan:
+    """The calls that run ``pattern`` (head-bound, causal applied) for
+    ``num_heads`` heads over N = ``n`` tokens in blocks of ``block_size``."""
     lists = pattern.block_lists(num_heads, n, block_size, device)
     idx = lists.indices.long()
     counts = lists.num.amax(0).tolist()  # (Qb,) listed blocks per query block, widest head
@@ -237,26 +78,26 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     # A band takes only blocks most of whose keys the row attends; sparser
     # blocks (strided levels, dilated halves, short global prefixes) are
     # gathered token by token below. Key needs are kept per chunk (its own width).
-    chunks = _chunks(counts, per_slot)
+    chunks = _chunks(counts, per_slot, options.chunk_elements)
     needs, dense = [], torch.zeros_like(valid_all)
     for c0, c1, kk in chunks:
         rows = torch.arange(c0, c1, device=idx.device)
         sub, ok = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
-        needs.append(_column_need(pattern, n, block_size, rows, sub, ok, is_full(rows, sub) & ok))
+        needs.append(_column_need(pattern, n, block_size, rows, sub, ok, is_full(rows, sub) & ok,
+                                  options.chunk_elements))
         dense[:, c0:c1, :kk] = ok & (2 * needs[-1].sum(-1) > (n - sub * block_size).clamp(max=block_size))
     starts = [c0 for c0, _, _ in chunks]
     calls, left = [], []  # calls of whole rows; left: (rows, idx, valid, need) of the blocks no band covers
     keys = _band_keys(idx, dense)
     if n % block_size:  # the short last row has a mask of its own: keep it out of the others' band call
         keys[-1] = None
-    for c0, c1, kk in _banded(keys, chunks):
+    for c0, c1, kk in _banded(keys, chunks, options.min_band_rows):
         rows = torch.arange(c0, c1, device=idx.device)
         sub, valid = idx[:, c0:c1, :kk], valid_all[:, c0:c1, :kk]
         band, slots = _split_band(sub, valid, dense[:, c0:c1, :kk], rows)
         if band is not None:
             start, step, band_idx = band
-            calls.append(Call(rows, c0, False, band_idx, start, step, torch.ones_like(band_idx, dtype=torch.bool),
-                              is_full(rows, band_idx)))
+            calls.append(BandCall(rows, c0, False, band_idx, start, step, is_full(rows, band_idx), block_size))
         if slots is not None:
             ci = bisect.bisect_right(starts, c0) - 1
             need = needs[ci][:, c0 - starts[ci]:c1 - starts[ci]]
@@ -266,62 +107,64 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gathe
     if left:
         rows, rest, rest_valid, rest_need = _stack(left)
         tok, tok_valid = _key_tokens(rest_need & rest_valid[..., None], rest)
-        if tok_valid.sum() <= (1 - TOKEN_SAVING) * rest_valid.sum() * block_size:
+        if tok_valid.sum() <= (1 - options.token_saving) * rest_valid.sum() * block_size:
             rest_calls = [_compress_queries(pattern, n, block_size, c)
-                          for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None)]
+                          for c in _grouped(rows, tok, tok_valid, num_heads * block_size, bool(calls), None,
+                                            options.chunk_elements)]
         else:
-            rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full)
+            rest_calls = _grouped(rows, rest, rest_valid, per_slot, bool(calls), is_full, options.chunk_elements)
         calls += rest_calls
     forward, backward = [], []
-    for c in _share_keys(calls, num_heads, block_size):
-        if c.band is None or c.step != 1:  # not a sliding band: whole rows both ways
+    for c in _share_keys(calls, num_heads, options.chunk_elements):
+        if not isinstance(c, BandCall) or c.step != 1:  # not a sliding band: whole rows both ways
             forward.append(c)
             backward.append(c)
             continue
         # The forward splits every sliding band into sub-rows; the backward only
         # where that saves many pairs (a global query block's halves).
-        parts = _sub_rows(pattern, n, block_size, c)
+        parts = _sub_rows(pattern, n, c, options.min_sub_rows)
         forward += parts
-        saved = 1 - sum(_band_pairs(p, block_size) for p in parts) / _band_pairs(c, block_size)
-        backward += parts if saved >= BACKWARD_SPLIT_SAVING else [c]
-    return GatherPlan(n, block_size, nb, pattern, forward, backward)
+        saved = 1 - sum(_band_pairs(p) for p in parts) / _band_pairs(c)
+        backward += parts if saved >= options.backward_split_saving else [c]
+    return GatherPlan(n, block_size, nb, pattern, forward, backward, options)
 
 
-def _band_pairs(call: Call, block_size: int) -> int:
+def _band_pairs(call: BandCall) -> int:
     """(query, key) pairs a band call computes per head."""
-    unit = call.unit or block_size
-    return call.rows.numel() * unit * call.idx.shape[-1] * unit
+    return call.rows.numel() * call.unit * call.idx.shape[-1] * call.unit
 
 
-def _share_keys(calls: list[Call], num_heads: int, block_size: int) -> list[Call]:
-    """Mark calls whose rows all attend the same keys (``Call.shared``), and
-    join consecutive ones over one run of blocks (a segment's rows, cut into
-    chunks above) up to 4 chunks' worth of scores: one long query run."""
+def _share_keys(calls: list[Call], num_heads: int, chunk_elements: int) -> list[Call]:
+    """Mark gathered calls whose rows all attend the same keys (``shared``; a
+    band's is its step 0), and join consecutive segment bands over one run of
+    blocks (a segment's rows, cut into chunks above) up to 4 chunks' worth of
+    scores: one long query run."""
     out = []
     for call in calls:
-        call.shared = call.step == 0 if call.band is not None else bool((call.idx == call.idx[:, :1]).all())
-        if out and _joinable(out[-1], call, num_heads * (call.unit or block_size) ** 2):
+        if not isinstance(call, BandCall):
+            call.shared = bool((call.idx == call.idx[:, :1]).all())
+        elif out and _joinable(out[-1], call, num_heads * call.unit ** 2, chunk_elements):
             prev = out[-1]
             out[-1] = replace(prev, rows=torch.cat([prev.rows, call.rows]), idx=torch.cat([prev.idx, call.idx], 1),
-                              valid=torch.cat([prev.valid, call.valid], 1), full=torch.cat([prev.full, call.full], 1))
-        else:
-            out.append(call)
+                              full=torch.cat([prev.full, call.full], 1))
+            continue
+        out.append(call)
     return out
 
 
-def _joinable(prev: Call, call: Call, per_slot: int) -> bool:
+def _joinable(prev: Call, call: BandCall, per_slot: int, chunk_elements: int) -> bool:
     """``call`` continues ``prev``'s rows over the same fixed run of blocks, alike
     in every other respect, and the joined scores stay within 4 chunks."""
-    same_run = prev.shared and call.shared and call.band is not None and call.step == 0
-    alike = ((prev.band, prev.step, prev.merge, prev.unit, prev.idx.shape[-1], prev.masked)
-             == (call.band, 0, call.merge, call.unit, call.idx.shape[-1], call.masked))
-    next_rows = prev.r0 is not None and call.r0 == prev.r0 + prev.rows.numel()
-    small = (prev.rows.numel() + call.rows.numel()) * call.idx.shape[-1] * per_slot <= 4 * _CHUNK_ELEMENTS
-    return same_run and alike and next_rows and small
+    same_run = isinstance(prev, BandCall) and prev.step == 0 and call.step == 0
+    alike = same_run and ((prev.first, prev.merge, prev.unit, prev.idx.shape[-1], prev.masked)
+                          == (call.first, call.merge, call.unit, call.idx.shape[-1], call.masked))
+    next_rows = alike and call.r0 == prev.r0 + prev.rows.numel()
+    small = (prev.rows.numel() + call.rows.numel()) * call.idx.shape[-1] * per_slot <= 4 * chunk_elements
+    return next_rows and small
 
 
-def _sub_rows(pattern, n: int, bs: int, call: Call, allowed: Tensor | None = None) -> list[Call]:
-    """A band call with its rows halved (down to MIN_SUB_ROWS queries) where
+def _sub_rows(pattern, n: int, call: BandCall, min_sub_rows: int, allowed: Tensor | None = None) -> list[BandCall]:
+    """A sliding band call with its rows halved (down to ``min_sub_rows`` queries) where
     that narrows their keys. Rows of a sliding band: while every sub-row's
     allowed keys fit one window that slides with it — a 256-token local window
     at 128-token blocks computes 576 keys per 64 queries instead of 640 per 128
@@ -330,9 +173,10 @@ def _sub_rows(pattern, n: int, bs: int, call: Call, allowed: Tensor | None = Non
     (unmasked), its other 64 queries only their window. Sub-bands are strided
     views as before; windows stay inside the band (keys outside it may belong
     to another call of these rows). ``allowed``: the call's mask, when known."""
+    bs = call.unit
     if allowed is None:
-        allowed = _allowed(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
-    while bs // 2 >= MIN_SUB_ROWS and bs % 2 == 0:
+        allowed = allowed_pairs(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
+    while bs // 2 >= min_sub_rows and bs % 2 == 0:
         c, dev, sub, unit = call.rows.numel(), call.idx.device, 2, bs // 2
         span = call.idx.shape[-1] * sub  # the band's keys, in sub-blocks
         cols = torch.arange(span * unit, device=dev)
@@ -345,9 +189,9 @@ def _sub_rows(pattern, n: int, bs: int, call: Call, allowed: Tensor | None = Non
         base = int((lo - j).amin())  # sub-row j's keys start base + j sub-blocks into its row's band
         width = int((hi - j - base).amax())
         if width < span and base >= 0 and base + sub - 1 + width <= span:  # one sliding window
-            windows = [(call.band * sub + base, width, c * sub)]
+            windows = [(call.first * sub + base, width, c * sub)]
         elif c == 1 and int((hi.amax(-1) - lo.amin(-1)).sum()) < span * sub:  # one window per sub-row (all heads)
-            windows = [(call.band * sub + int(lo[i].amin()), int(hi[i].amax() - lo[i].amin()), 1) for i in range(sub)]
+            windows = [(call.first * sub + int(lo[i].amin()), int(hi[i].amax() - lo[i].amin()), 1) for i in range(sub)]
         else:
             return [call]
         parts = []
@@ -355,13 +199,13 @@ def _sub_rows(pattern, n: int, bs: int, call: Call, allowed: Tensor | None = Non
             r0 = call.r0 * sub + (i if len(windows) > 1 else 0)
             idx = (first + torch.arange(count, device=dev)[:, None] + torch.arange(w, device=dev))
             idx = idx.expand(call.idx.shape[0], -1, -1)
-            part = Call(torch.arange(r0, r0 + count, device=dev), r0, call.merge, idx, first, 1,
-                        torch.ones_like(idx, dtype=torch.bool), torch.zeros_like(idx, dtype=torch.bool), unit=unit)
-            ok = _allowed(pattern, n, unit, part)
+            part = BandCall(torch.arange(r0, r0 + count, device=dev), r0, call.merge, idx, first, 1,
+                            torch.zeros_like(idx, dtype=torch.bool), unit)
+            ok = allowed_pairs(pattern, n, unit, part)
             part.full = ok.unflatten(-1, (w, unit)).all(-1).all(2)  # (Hp, count, w): every pair allowed
             parts.append((part, ok))
         if len(parts) > 1:
-            return [p for part, ok in parts for p in _sub_rows(pattern, n, unit, part, ok)]
+            return [p for part, ok in parts for p in _sub_rows(pattern, n, part, min_sub_rows, ok)]
         (call, allowed), bs = parts[0], unit
     return [call]
 
@@ -432,7 +276,8 @@ def _stack(left: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return rows, idx, valid, need
 
 
-def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor) -> Tensor:
+def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Tensor, full: Tensor,
+                 chunk_elements: int) -> Tensor:
     """(Hp, R, K, bs) bool: key token j of listed block idx[h, r, s] is attended by
     some query of row block rows[r]. Full blocks count whole; partial blocks
     ask the pattern's closed form (``attended_keys``: per key, not per pair),
@@ -443,7 +288,7 @@ def _column_need(pattern, n: int, bs: int, rows: Tensor, idx: Tensor, valid: Ten
     need = valid[..., None].expand(hp, r, k, bs).clone()
     hh, rr, ss = (valid & ~full).nonzero(as_tuple=True)
     zero = torch.zeros((), dtype=torch.long, device=dev)
-    step = max(1, _CHUNK_ELEMENTS // (bs * bs))
+    step = max(1, chunk_elements // (bs * bs))
     for p0 in range(0, hh.numel(), step):
         h, rw, sl = hh[p0:p0 + step], rr[p0:p0 + step], ss[p0:p0 + step]
         kv_idx = (idx[h, rw, sl] * bs)[:, None] + off[None, :]  # (P, bs)
@@ -469,7 +314,8 @@ def _key_tokens(need: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(tok_valid, tok, last), tok_valid
 
 
-def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: bool, is_full) -> list[Call]:
+def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: bool, is_full,
+             chunk_elements: int) -> list[BlockCall] | list[TokenCall]:
     """Calls for the keys outside bands: rows sorted by how many slots (blocks,
     or tokens when ``is_full`` is None) they list, widest head, and cut where
     that count changes — blocks: exactly, so a call pads no slots and runs
@@ -484,7 +330,7 @@ def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: boo
         end, total = start + 1, count[start]
         while end < len(count):
             c = count[end]
-            if (end + 1 - start) * c * per_slot > _CHUNK_ELEMENTS or (end + 1 - start) * c > (1 + tolerance) * (total + c):
+            if (end + 1 - start) * c * per_slot > chunk_elements or (end + 1 - start) * c > (1 + tolerance) * (total + c):
                 break
             end, total = end + 1, total + c
         width = count[end - 1]
@@ -493,15 +339,17 @@ def _grouped(rows: Tensor, idx: Tensor, valid: Tensor, per_slot: int, merge: boo
             r0 = int(r[0])
             contiguous = bool((r == torch.arange(r0, r0 + r.numel(), device=r.device)).all())
             sub, sub_valid = idx[:, start:end, :width], valid[:, start:end, :width]
-            full = is_full(r, sub) if is_full is not None else torch.zeros_like(sub_valid)
-            calls.append(Call(r, r0 if contiguous else None, merge, sub, None, 1, sub_valid, full,
-                              tokens=is_full is None))
+            if is_full is not None:
+                calls.append(BlockCall(r, r0 if contiguous else None, merge, sub, sub_valid, is_full(r, sub)))
+            else:  # full: set by _compress_queries
+                full = torch.zeros_like(sub_valid)
+                calls.append(TokenCall(r, r0 if contiguous else None, merge, sub, sub_valid, full))
         start = end
     return calls
 
 
-def _banded(keys: list, chunks: list) -> list[tuple[int, int, int]]:
-    """Split each chunk into runs of at least MIN_BAND_ROWS rows with one band
+def _banded(keys: list, chunks: list, min_band_rows: int) -> list[tuple[int, int, int]]:
+    """Split each chunk into runs of at least ``min_band_rows`` rows with one band
     key (see _band_keys) and the rest, so the sequence ends (shorter lists) do
     not narrow the band of the rows between."""
     out = []
@@ -512,7 +360,7 @@ def _banded(keys: list, chunks: list) -> list[tuple[int, int, int]]:
             e = r + 1
             while e < c1 and keys_c[e - c0] == keys_c[r - c0]:
                 e += 1
-            if keys_c[r - c0] is not None and e - r >= MIN_BAND_ROWS:
+            if keys_c[r - c0] is not None and e - r >= min_band_rows:
                 if rest < r:
                     out.append((rest, r, kk))
                 out.append((r, e, kk))
@@ -523,9 +371,9 @@ def _banded(keys: list, chunks: list) -> list[tuple[int, int, int]]:
     return out
 
 
-def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
+def _chunks(counts: list[int], per_slot: int, chunk_elements: int) -> list[tuple[int, int, int]]:
     """Cut the query blocks into contiguous chunks, each padded to its widest
-    row: a chunk ends when its scores would pass _CHUNK_ELEMENTS or padding
+    row: a chunk ends when its scores would pass ``chunk_elements`` or padding
     would waste over a third of it (so a few wide rows — global tokens — do
     not make every row wide)."""
     chunks, r0, widest, total = [], 0, 0, 0
@@ -533,7 +381,7 @@ def _chunks(counts: list[int], per_slot: int) -> list[tuple[int, int, int]]:
         c = max(1, c)
         rows = r - r0 + 1
         wider = max(widest, c)
-        if r > r0 and (rows * wider * per_slot > _CHUNK_ELEMENTS or rows * wider > 1.5 * (total + c)):
+        if r > r0 and (rows * wider * per_slot > chunk_elements or rows * wider > 1.5 * (total + c)):
             chunks.append((r0, r, widest))
             r0, wider, total = r, c, 0
         widest, total = wider, total + c
