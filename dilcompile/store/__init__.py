@@ -100,6 +100,10 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
                                   f"for more than {timeout:.0f}s; close it or pass another --db") from exc
             time.sleep(delay * (0.5 + random.random()))  # jitter: two waiters don't retry in lock-step
             delay = min(delay * 2, 0.5)
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from exc
+            raise
     try:
         if not read_only:
             migrate(con)
