@@ -108,8 +108,8 @@ def test_a_hung_query_is_killed_at_the_timeout(snapshot):
     start = time.monotonic()
     with pytest.raises(sqlrun.QueryRefused, match="longer than 1 s"):
         sqlrun.run_query(snapshot, sql, timeout_s=1.0)
-    # 1 s of query time after the child's start (~0.5 s, more on a loaded machine); range(4) alone runs ~30 s
-    assert time.monotonic() - start < 1.0 + sqlrun.STARTUP_TIMEOUT_S
+    # 1 s of query time after the child's start (~0.5 s, more on a loaded machine); in-process, range(2)
+    # alone ran 42 s past a 1 s timeout
     assert time.monotonic() - start < 20
     assert _children() == []
     assert sqlrun.run_query(snapshot, "SELECT 42 AS x").rows == [(42,)]  # and the next query runs
@@ -139,6 +139,10 @@ def test_results_hold_duckdb_types_and_stop_at_the_row_limit(snapshot):
 def test_gate_runs_pivot_and_refuses_what_explain_analyze_would_run(snapshot):
     r = sqlrun.run_query(snapshot, "PIVOT runs ON variant USING count(*) GROUP BY seq_len ORDER BY seq_len")
     assert r.columns == ["seq_len", "dilated", "sdpa"] and r.rows == [(48, 3, 3), (96, 3, 3)]
+    readme = """PIVOT (SELECT seq_len, variant || CASE WHEN compiled THEN ' (compiled)' ELSE '' END AS impl, tokens_per_s
+       FROM runs WHERE status = 'ok' AND dtype = 'float32' AND "pass" = 'fwd')
+ON impl USING max(tokens_per_s) GROUP BY seq_len ORDER BY seq_len;"""
+    assert sqlrun.run_query(snapshot, readme).columns == ["seq_len", "dilated", "sdpa"]
     assert sqlrun.run_query(snapshot, "/* plan */ EXPLAIN ANALYZE SELECT count(*) FROM runs").rows
     for sql in ["EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", "EXPLAIN (FORMAT json) DELETE FROM runs",
                 "explain analyze -- c\n INSERT INTO sweeps (sweep_id) VALUES ('x')", "EXPLAIN"]:
