@@ -20,7 +20,9 @@ Only read statements are accepted up front (for a clear message), at most
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import re
 import select
 import signal
@@ -115,8 +117,6 @@ def run_query(path: str, sql: str, max_rows: int = 10_000, timeout_s: float = 10
     """Run one read query on ``path`` (a snapshot file) in a child process that is
     killed after ``timeout_s`` seconds of query time and may use at most
     ``memory_bytes`` of address space. Raises :class:`QueryRefused`."""
-    import pickle
-
     if max_rows < 1 or not timeout_s > 0 or memory_bytes < 2**28:
         raise ValueError(f"need max_rows ≥ 1, timeout_s > 0, memory_bytes ≥ 256 MiB; got {max_rows}, "
                          f"{timeout_s}, {memory_bytes}")
@@ -128,8 +128,11 @@ def run_query(path: str, sql: str, max_rows: int = 10_000, timeout_s: float = 10
         proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         try:
-            proc.stdin.write(request)
-            proc.stdin.close()
+            try:
+                proc.stdin.write(request)
+                proc.stdin.close()
+            except BrokenPipeError:  # the child died at start; its stderr says why
+                pass
             out, why = _read_result(proc, timeout_s)
         finally:
             if proc.poll() is None:
@@ -141,7 +144,7 @@ def run_query(path: str, sql: str, max_rows: int = 10_000, timeout_s: float = 10
         if not out.startswith(_READY) or len(out) == 1:
             err.seek(0)
             raise QueryRefused(_death(proc.returncode, memory_bytes, err.read().decode(errors="replace")))
-    status, *payload = _Unpickler(out[1:]).load()
+    status, *payload = _Unpickler(io.BytesIO(out[1:])).load()
     if status == "memory":
         raise QueryRefused(f"the query needed more memory than the SQL page allows ({_gib(memory_bytes)}) "
                            f"and was stopped: {payload[0]}")
@@ -190,36 +193,22 @@ def _death(code: int, memory_bytes: int, stderr: str) -> str:
     return f"the query process failed (exit {code}){': ' + last if last else ''}"
 
 
-class _Unpickler:
+class _Unpickler(pickle.Unpickler):
     """Unpickles the child's reply allowing only the value types DuckDB returns."""
 
     ALLOWED = {("datetime", n) for n in ("date", "time", "datetime", "timedelta", "timezone")} | {
         ("decimal", "Decimal"), ("uuid", "UUID"), ("zoneinfo", "ZoneInfo"), ("zoneinfo._zoneinfo", "ZoneInfo"),
-        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "bytearray"),
-        ("copyreg", "_reconstructor"), ("builtins", "object")}
+        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "bytearray")}
 
-    def __init__(self, data: bytes):
-        import io
-        import pickle
-
-        allowed = self.ALLOWED
-
-        class _Restricted(pickle.Unpickler):
-            def find_class(self, module, name):
-                if (module, name) in allowed or module.startswith("pytz"):
-                    return super().find_class(module, name)
-                raise QueryRefused(f"the result holds a value of type {module}.{name}, which this page cannot show; "
-                                   "cast it to VARCHAR")
-
-        self._unpickler = _Restricted(io.BytesIO(data))
-
-    def load(self):
-        return self._unpickler.load()
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED or module.split(".")[0] == "pytz":
+            return super().find_class(module, name)
+        raise QueryRefused(f"the result holds a value of type {module}.{name}, which this page cannot show; "
+                           "cast it to VARCHAR")
 
 
 def _child() -> None:
     """Runs in the child: limits first, then the query; the reply is pickled on stdout."""
-    import pickle
     import resource
 
     request = pickle.load(sys.stdin.buffer)

@@ -42,8 +42,8 @@ def run(args) -> int:
         if not args.variant:
             raise ValueError("give at least one --variant")
         if not (1 <= args.start <= args.limit <= MAX_SIZE["seq_len"]) or args.granularity < 1:
-            raise ValueError(f"need 1 ≤ --start ≤ --limit ≤ 2**63-1 and --granularity ≥ 1, got {args.start}, {args.limit}, "
-                             f"{args.granularity}")
+            raise ValueError(f"need 1 ≤ --start ≤ --limit ≤ 2**63-1 and --granularity ≥ 1, got {args.start}, "
+                             f"{args.limit}, {args.granularity}")
         device = resolve_device(args.device)
         doc = {"name": "maxlen", "grid": [grid_from_flags(args, [args.start])]}
         spec = from_dict(doc, str(device), tag=args.tag)

@@ -139,8 +139,8 @@ def test_results_hold_duckdb_types_and_stop_at_the_row_limit(snapshot):
 def test_gate_runs_pivot_and_refuses_what_explain_analyze_would_run(snapshot):
     r = sqlrun.run_query(snapshot, "PIVOT runs ON variant USING count(*) GROUP BY seq_len ORDER BY seq_len")
     assert r.columns == ["seq_len", "dilated", "sdpa"] and r.rows == [(48, 3, 3), (96, 3, 3)]
-    readme = """PIVOT (SELECT seq_len, variant || CASE WHEN compiled THEN ' (compiled)' ELSE '' END AS impl, tokens_per_s
-       FROM runs WHERE status = 'ok' AND dtype = 'float32' AND "pass" = 'fwd')
+    readme = """PIVOT (SELECT seq_len, variant || CASE WHEN compiled THEN ' (compiled)' ELSE '' END AS impl,
+              tokens_per_s FROM runs WHERE status = 'ok' AND dtype = 'float32' AND "pass" = 'fwd')
 ON impl USING max(tokens_per_s) GROUP BY seq_len ORDER BY seq_len;"""
     assert sqlrun.run_query(snapshot, readme).columns == ["seq_len", "dilated", "sdpa"]
     assert sqlrun.run_query(snapshot, "/* plan */ EXPLAIN ANALYZE SELECT count(*) FROM runs").rows
