@@ -16,19 +16,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilcompile.store import DEFAULT_DB, TABLES, StoreError, connect, open_parquet
+from dilcompile.store import DEFAULT_DB, TABLES, StoreError, connect, damaged, open_parquet
 from dilcompile.store.schema import RUNS_VIEW
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = REPO_ROOT / "runs"
 ENV_DB = "DILCOMPILE_DB"  # set by `dilcompile dashboard --db`
 ENV_REFERENCE = "DILCOMPILE_REFERENCE_RUNS"  # another folder of reference exports (tests, mirrors)
-SNAPSHOT_DIR = Path(tempfile.gettempdir()) / "dilcompile-dashboard"
+# Per user: only this user may read or write it (checked on every use, see snapshot_dir).
+SNAPSHOT_DIR = Path(tempfile.gettempdir()) / f"dilcompile-dashboard-{os.getuid()}"
+_FALLBACK_DIR: Path | None = None  # this process's own folder when SNAPSHOT_DIR is not safe to use
 
 
 @dataclass(frozen=True)
@@ -84,15 +87,46 @@ def _copy_out(con) -> dict:
     return {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in TABLES if t in names}
 
 
+def _private(path: Path, is_dir: bool) -> bool:
+    """``path`` is a real (not symlinked) file or folder of this user that nobody else can write
+    (a folder: nor read or enter)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    kind = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
+    return kind and st.st_uid == os.getuid() and not st.st_mode & (0o077 if is_dir else 0o022)
+
+
+def snapshot_dir() -> Path:
+    """The folder snapshots go in: ``SNAPSHOT_DIR`` made 0700 if it is new, used only if it is
+    this user's and private; else (someone else made it, or opened it up) a fresh private folder
+    of this process, so a planted folder or file is never read."""
+    global _FALLBACK_DIR
+    try:
+        SNAPSHOT_DIR.parent.mkdir(parents=True, exist_ok=True)
+        SNAPSHOT_DIR.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        pass  # unusable: fall back below
+    if _private(SNAPSHOT_DIR, is_dir=True):
+        return SNAPSHOT_DIR
+    if _FALLBACK_DIR is None or not _private(_FALLBACK_DIR, is_dir=True):
+        _FALLBACK_DIR = Path(tempfile.mkdtemp(prefix="dilcompile-dashboard-"))  # 0700, ours
+    return _FALLBACK_DIR
+
+
 def _write_snapshot(tables: dict, name: str) -> str:
     """Write ``tables`` (+ the ``runs`` view) to a new file in the snapshot folder; atomic rename."""
     import duckdb
 
-    SNAPSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    final = SNAPSHOT_DIR / f"{name}.duckdb"
-    if final.exists():
+    folder = snapshot_dir()
+    final = folder / f"{name}.duckdb"
+    if _private(final, is_dir=False):
         return str(final)
-    tmp = SNAPSHOT_DIR / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    final.unlink(missing_ok=True)  # not ours or not a plain file: never reused
+    tmp = folder / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp))
     try:
@@ -104,7 +138,7 @@ def _write_snapshot(tables: dict, name: str) -> str:
     finally:
         con.close()
     os.replace(tmp, final)
-    for old in SNAPSHOT_DIR.glob(f"{name.split('-')[0]}-*.duckdb"):  # older snapshots of the same source
+    for old in folder.glob(f"{name.split('-')[0]}-*.duckdb"):  # older snapshots of the same source
         if old != final:
             with contextlib.suppress(OSError):
                 old.unlink()
@@ -125,8 +159,13 @@ def _name(source: str, tables: dict) -> str:
 
 def snapshot_store(db: str) -> tuple[str | None, int]:
     """(snapshot path, number of runs) of the store at ``db``; (None, 0) if it holds no runs."""
+    import duckdb
+
     with contextlib.closing(connect(db, read_only=True, timeout=20.0)) as con:
-        tables = _copy_out(con)
+        try:
+            tables = _copy_out(con)
+        except duckdb.Error as exc:  # blocks are read lazily: a damaged file can open and fail here
+            raise damaged(db, exc) from exc
     if any(t not in tables for t in TABLES) or tables["measurements"].num_rows == 0:
         return None, 0  # no runs yet (or a file some other tool made)
     return _write_snapshot(tables, _name(os.path.abspath(db), tables)), tables["measurements"].num_rows
@@ -137,8 +176,13 @@ def snapshot_reference(folders) -> str | None:
     folders = [str(f) for f in folders]
     if not folders:
         return None
-    with contextlib.closing(open_parquet(folders)) as con:
-        tables = _copy_out(con)
+    import duckdb
+
+    try:
+        with contextlib.closing(open_parquet(folders)) as con:
+            tables = _copy_out(con)
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot read the Parquet files under {reference_root()}: {str(exc).splitlines()[0]}") from exc
     return _write_snapshot(tables, _name("reference:" + "|".join(folders), tables))
 
 
@@ -157,7 +201,10 @@ def resolve(db: str | None = None) -> Source:
     else:
         note = f"there is no run store at {db}"
     folders = reference_folders()
-    snap = snapshot_reference(folders)
+    try:
+        snap = snapshot_reference(folders)
+    except StoreError as exc:  # a reference folder that is not a run export: say so, show nothing
+        return Source("empty", db, None, (), f"{note}, and the reference runs do not load: {exc}")
     if snap:
         return Source("reference", db, snap, tuple(str(f) for f in folders), note)
     return Source("empty", db, None, (), note)

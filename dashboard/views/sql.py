@@ -2,14 +2,15 @@
 
 import streamlit as st
 
-from dashboard import sqlrun, ui
+from dashboard import data, sqlrun, ui
 
 EXAMPLE = """SELECT device, dtype, variant, seq_len, median(latency_ms) AS ms, max(efficiency) AS eta
 FROM runs WHERE status = 'ok'
 GROUP BY ALL ORDER BY device, dtype, seq_len, ms"""
 
 src = ui.header("SQL", "Ad-hoc DuckDB queries on tables sweeps, measurements, telemetry and the runs view. "
-                "Read-only: no writes, ATTACH, COPY, extensions or file access.")
+                "Read-only: no writes, ATTACH, COPY, extensions or file access; each query runs in its own "
+                f"process, stopped at the timeout or at {sqlrun.MEMORY_BYTES / 2**30:g} GiB of memory.")
 if src is not None:
     with st.form("sql_form"):
         sql = st.text_area("query (Ctrl+Enter runs it)", EXAMPLE, height=160, key="sql_text")
@@ -34,6 +35,6 @@ if src is not None:
         st.download_button("Download CSV", frame.to_csv(index=False).encode(), "query.csv", "text/csv",
                            key="sql_csv")
     with st.expander("Schema"):
-        st.dataframe(sqlrun.run_query(src.snapshot, "SELECT table_name, column_name, data_type FROM "
-                                      "information_schema.columns ORDER BY table_name, ordinal_position",
-                                      max_rows=1000).frame(), hide_index=True, width="stretch")
+        st.dataframe(data.read_sql(src.snapshot, "SELECT table_name, column_name, data_type FROM "
+                                   "information_schema.columns ORDER BY table_name, ordinal_position"),
+                     hide_index=True, width="stretch")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import math
+import os
 import sys
 
 from ..store import DEFAULT_DB
@@ -20,8 +22,19 @@ def fail(prog: str, message: str, code: int) -> int:
     return code
 
 
+def store_path(text: str) -> str:
+    """``--db``: a file. DuckDB opens an empty path or ``:memory:`` as a scratch database,
+    where every row would vanish silently when the command ends."""
+    if not text.strip() or text.strip() == ":memory:":
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file; pass a path such as --db {DEFAULT_DB}")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; pass a file in it, e.g. --db {text.rstrip('/')}/"
+                                         "dilcompile.duckdb")
+    return text
+
+
 def add_db(p) -> None:
-    p.add_argument("--db", default=DEFAULT_DB, help=f"the run store (default {DEFAULT_DB})")
+    p.add_argument("--db", default=DEFAULT_DB, type=store_path, help=f"the run store (default {DEFAULT_DB})")
 
 
 def add_shape(p, seq_len: bool = True) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import site
@@ -36,14 +37,37 @@ def add_parser(sub) -> None:
     add_db(p)
     p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
     p.add_argument("--address", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only)")
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 only on a trusted "
+                        "network: the dashboard has no login)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="repeatable: another host name the browser uses to reach the dashboard (the Host header is "
+                        "checked against this machine's names, the --address and these)")
     p.set_defaults(func=run)
 
 
-def streamlit_command(app: Path, address: str, port: int) -> list[str]:
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def allowed_hosts(address: str, extra=()) -> list[str]:
+    """Host header values the server accepts (Streamlit's ``server.allowedHosts``): a page on
+    another site that rebinds its DNS name to this machine sends its own name and is refused."""
+    hosts = list(LOCAL_HOSTS)
+    if address in WILDCARDS:
+        hosts += [socket.gethostname(), socket.getfqdn()]
+    else:
+        hosts.append(address)
+    return list(dict.fromkeys(h.lower() for h in [*hosts, *extra] if h))
+
+
+def streamlit_command(app: Path, address: str, port: int, extra_hosts=()) -> list[str]:
+    hosts = [arg for h in allowed_hosts(address, extra_hosts) for arg in ("--server.allowedHosts", h)]
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", address,
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
+            "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+            # Same-origin only: no cross-site WebSocket or XHR, XSRF tokens on, nothing else served.
+            *hosts, "--server.enableCORS", "true", "--server.enableXsrfProtection", "true",
+            "--server.enableAgentApi", "false", "--server.enableStaticServing", "false"]
 
 
 def _server_pythonpath() -> str:
@@ -56,13 +80,19 @@ def _server_pythonpath() -> str:
     return os.pathsep.join(entries)
 
 
-def _port_free(address: str, port: int) -> bool:
-    with socket.socket() as s:
+def _bind_error(address: str, port: int) -> OSError | None:
+    """Why the server could not listen on (address, port); None if it can."""
+    try:
+        infos = socket.getaddrinfo(address or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return OSError(errno.EADDRNOTAVAIL, f"not an address ({exc})")
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as s:
         try:
-            s.bind((address, port))
-        except OSError:
-            return False
-    return True
+            s.bind(sockaddr)
+        except OSError as exc:
+            return exc
+    return None
 
 
 def run(args) -> int:
@@ -78,12 +108,16 @@ def run(args) -> int:
     except ImportError as exc:
         return fail(PROG, f"the dashboard needs streamlit and plotly ({exc.name} is missing): "
                           "pip install 'dilcompile[dashboard]'", RUNTIME_ERROR)
-    if not _port_free(args.address, args.port):
+    error = _bind_error(args.address, args.port)
+    if error is not None and error.errno == errno.EADDRINUSE:
         return fail(PROG, f"port {args.port} on {args.address} is in use; pass --port with a free one", RUNTIME_ERROR)
+    if error is not None:
+        return fail(PROG, f"cannot listen on --address {args.address!r}: {error.strerror or error}; pass an address "
+                          "of this machine (127.0.0.1, the default, or 0.0.0.0 for every interface)", USAGE_ERROR)
     db = os.path.abspath(args.db)
     env = {**os.environ, "DILCOMPILE_DB": db, "PYTHONPATH": _server_pythonpath()}
     print(f"dashboard: http://{args.address}:{args.port}  (store {db}; Ctrl+C stops it)", flush=True)
     # Become the server (exec, not a child): a signal to this process — Ctrl+C,
     # a supervisor's SIGTERM — reaches streamlit itself, so no server is orphaned.
-    command = streamlit_command(app, args.address, args.port)
+    command = streamlit_command(app, args.address, args.port, args.allowed_host)
     os.execve(command[0], command, env)

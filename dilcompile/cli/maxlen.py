@@ -34,15 +34,16 @@ def run(args) -> int:
     from ..profile import from_dict, variants
     from ..profile.env import capture, device_name, resolve_device
     from ..profile.maxlen import run_probe, search
+    from ..profile.point import MAX_SIZE
     from ..profile.runner import point_columns
     from ..store import RunWriter, StoreError
 
     try:
         if not args.variant:
             raise ValueError("give at least one --variant")
-        if not (1 <= args.start <= args.limit) or args.granularity < 1:
-            raise ValueError(f"need 1 ≤ --start ≤ --limit and --granularity ≥ 1, got {args.start}, {args.limit}, "
-                             f"{args.granularity}")
+        if not (1 <= args.start <= args.limit <= MAX_SIZE["seq_len"]) or args.granularity < 1:
+            raise ValueError(f"need 1 ≤ --start ≤ --limit ≤ 2**63-1 and --granularity ≥ 1, got {args.start}, "
+                             f"{args.limit}, {args.granularity}")
         device = resolve_device(args.device)
         doc = {"name": "maxlen", "grid": [grid_from_flags(args, [args.start])]}
         spec = from_dict(doc, str(device), tag=args.tag)
@@ -79,10 +80,12 @@ def run(args) -> int:
             results.append([base.variant, base.dtype, base.pass_, base.compiled, best,
                             first_fail if first_fail is not None else f"> {args.limit} (limit)",
                             failures.get(first_fail, "")[:80]])
+        writer.close()
     except KeyboardInterrupt:
         print(f"interrupted: probes so far kept in {args.db}", file=sys.stderr)
-        return 130
-    finally:
         writer.close()
+        return 130
+    except StoreError as exc:  # the store broke mid-search: the writer saved the probes it refused
+        return fail(PROG, str(exc), RUNTIME_ERROR)
     print(render(["variant", "dtype", "pass", "compiled", "max_seq_len", "first failure", "why"], results))
     return 0

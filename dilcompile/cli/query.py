@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._util import RUNTIME_ERROR, add_db, fail, render
+from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, fail, render
 
 PROG = "dilcompile query"
 
@@ -23,6 +23,13 @@ def run(args) -> int:
 
     from ..store import StoreError, query
 
+    try:
+        statements = duckdb.extract_statements(args.sql)
+    except duckdb.Error as exc:
+        return fail(PROG, str(exc).splitlines()[0], USAGE_ERROR)
+    if not statements:
+        return fail(PROG, "the SQL is empty (or only a comment); e.g. dilcompile query \"SELECT * FROM runs LIMIT 5\"",
+                    USAGE_ERROR)
     try:
         names, rows = query(args.db, args.sql)
     except StoreError as exc:

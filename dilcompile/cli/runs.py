@@ -44,6 +44,8 @@ def run_import(args) -> int:
     try:
         added = import_parquet(args.db, args.in_dirs)
     except (StoreError, duckdb.Error, OSError) as exc:
-        return fail(PROG + " import", str(exc).splitlines()[0], RUNTIME_ERROR)
-    print(f"imported {added} new runs into {args.db}")
+        # One transaction for all folders: a failure leaves the store as it was.
+        return fail(PROG + " import", f"{str(exc).splitlines()[0]} (nothing was imported)", RUNTIME_ERROR)
+    print(f"imported {added} new runs from {len(args.in_dirs)} folder(s) into {args.db} "
+          "(runs already there are skipped)")
     return 0

@@ -41,11 +41,17 @@ def _git(*args: str) -> str | None:
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's parse error is a RuntimeError
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda, cuda:<index> or auto, got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but torch sees no CUDA device; use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda[:i], got {device!r}")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} asked for but torch sees {torch.cuda.device_count()} CUDA device(s) "
+                         f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
     return dev
 
 

@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 PASSES = ("fwd", "fwd_bwd")
+# The run store's column types bound the sizes (seq_len BIGINT, the others INTEGER): a point the
+# store could not hold is refused before it is measured.
+MAX_SIZE = {"seq_len": 2**63 - 1, "batch": 2**31 - 1, "heads": 2**31 - 1, "head_dim": 2**31 - 1}
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,10 @@ class Point:
             raise ValueError(f"variant must be a non-empty string, got {self.variant!r}")
         for name in ("seq_len", "batch", "heads", "head_dim"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE[name]:
+                raise ValueError(f"{name} must be an int in 1..{MAX_SIZE[name]}, got {value!r}")
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.pass_ not in PASSES:

@@ -34,10 +34,12 @@ Variants without branches (``sdpa``, ``block-sparse:…``) ignore them.
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .env import resolve_device
 from .point import Point
 from .variants import check_point, resolve
 
@@ -60,8 +62,8 @@ class SweepSpec:
     def __post_init__(self):
         if not self.points:
             raise ValueError(f"sweep {self.name!r} has no points; give at least one variant and one seq_len")
-        if self.warmup < 0 or self.repeats < 1 or self.max_time_s <= 0:
-            raise ValueError(f"need warmup ≥ 0, repeats ≥ 1, max_time_s > 0; got {self.warmup}, "
+        if self.warmup < 0 or self.repeats < 1 or not 0 < self.max_time_s < math.inf:
+            raise ValueError(f"need warmup ≥ 0, repeats ≥ 1, 0 < max_time_s < inf; got {self.warmup}, "
                              f"{self.repeats}, {self.max_time_s}")
 
 
@@ -75,6 +77,9 @@ def _choices(key: str, value) -> list:
 
 def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
     """All points of one grid entry (defaults filled in), validated."""
+    for name, table in (("[[grid]] entry", entry), ("[defaults]", defaults)):
+        if not isinstance(table, dict):
+            raise ValueError(f"every {name} must be a table of keys, got {table!r}")
     merged = {**DEFAULTS, **defaults, **entry}
     unknown = set(merged) - set(KEYS)
     if unknown:
@@ -92,9 +97,12 @@ def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
     points = []
     for combo in itertools.product(*grids):
         d = dict(zip(keys, combo))
+        if not isinstance(d["variant"], str):
+            raise ValueError(f"variant must be a name such as 'sdpa' or 'block-sparse:local_window(256)', "
+                             f"got {d['variant']!r}")
         variant, _ = resolve(d["variant"])
         segments, rate_list = d["branches"] if variant.needs_branches else ((), ())
-        dev = device if d["device"] == "auto" else d["device"]
+        dev = device if d["device"] == "auto" else str(resolve_device(str(d["device"])))
         point = Point(variant=d["variant"], seq_len=d["seq_len"], batch=d["batch"], heads=d["heads"],
                       head_dim=d["head_dim"], dtype=d["dtype"], causal=d["causal"], pass_=d["pass"],
                       segments=segments, rates=rate_list, compiled=d["compile"], device=dev)
@@ -128,6 +136,10 @@ def load(path: str | Path, device: str, tag: str | None = None) -> SweepSpec:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"sweep file {str(path)!r} not found; standard sweeps are in scripts/sweeps/") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, not text
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"cannot read sweep file {str(path)!r} ({reason}); pass a TOML file such as "
+                         "scripts/sweeps/quick.toml") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
     return from_dict(doc, device, name=path.stem, tag=tag)

@@ -84,6 +84,12 @@ def check_point(point: Point) -> None:
         raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
     if variant.requires is not None:
         variant.requires()
+    if variant.name == "block-sparse":  # a bad pattern spec is a usage error, not a failed row
+        from dilcompile.patterns import from_spec
+        try:
+            from_spec(point.variant.partition(":")[2])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"variant {point.variant!r}: {exc}") from None
 
 
 def build(point: Point) -> Built:

@@ -31,6 +31,17 @@ class StoreLocked(StoreError):
     """Another process held the file for longer than the timeout."""
 
 
+class StoreDamaged(StoreError):
+    """The file is not a readable DuckDB store (truncated, overwritten, corrupt)."""
+
+
+def damaged(path, exc: BaseException) -> StoreDamaged:
+    """The error for a store DuckDB cannot read or write: which file, why, what to do."""
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return StoreDamaged(f"the run store {path} is damaged ({why}); move it aside (mv {path} {path}.damaged) "
+                        "and record into a new file, re-adding shared runs with `dilcompile runs import`")
+
+
 def _duckdb():
     try:
         import duckdb
@@ -54,6 +65,8 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
     """
     duckdb = _duckdb()
     path = str(path)
+    if not path:  # DuckDB would open a scratch in-memory database: every row written would be lost
+        raise StoreError("the store path is empty; pass --db with a file, e.g. --db runs/dilcompile.duckdb")
     if path != ":memory:":
         p = Path(path)
         if read_only and not p.exists():
@@ -79,172 +92,78 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
             config = {}  # a DuckDB older than the setting writes an old format anyway
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
+                if "not a valid DuckDB database" in str(exc) or "Could not read" in str(exc):
+                    raise damaged(path, exc) from exc
                 raise StoreError(f"cannot open {path}: {str(exc).splitlines()[0]}") from exc
             if time.monotonic() >= deadline:
                 raise StoreLocked(f"{path} is locked by another process (a sweep or a reader holding it open) "
                                   f"for more than {timeout:.0f}s; close it or pass another --db") from exc
             time.sleep(delay * (0.5 + random.random()))  # jitter: two waiters don't retry in lock-step
             delay = min(delay * 2, 0.5)
-    if not read_only:
-        try:
-            migrate(con)
-        except BaseException:
-            con.close()
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from exc
             raise
-    elif path != ":memory:" and file_version(con) > SCHEMA_VERSION:
+    try:
+        if not read_only:
+            migrate(con)
+        elif path != ":memory:" and file_version(con) > SCHEMA_VERSION:
+            raise StoreError(f"{path} has schema version newer than this dilcompile ({SCHEMA_VERSION}); "
+                             "upgrade dilcompile")
+    except duckdb.Error as exc:  # the header opened but the catalog or schema blocks do not read
         con.close()
-        raise StoreError(f"{path} has schema version newer than this dilcompile ({SCHEMA_VERSION}); upgrade dilcompile")
+        raise damaged(path, exc) from exc
+    except BaseException:
+        con.close()
+        raise
     return con
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether a DuckDB error says the file itself is unreadable (not the SQL, not a lock)."""
+    duckdb = _duckdb()
+    if isinstance(exc, duckdb.IOException):
+        return not _is_lock_error(exc)
+    # DuckDB raises its base class for a block checksum mismatch ("Corrupt database file").
+    return isinstance(exc, duckdb.InternalException) or (type(exc) is duckdb.Error and "Corrupt" in str(exc))
+
+
+def check_readable(con, path) -> None:
+    """Read every column of every table and try (then roll back) a row in each:
+    DuckDB reads a block only when it needs it, so a damaged file opens fine and
+    fails later; this makes it fail here, before anything is measured."""
+    duckdb = _duckdb()
+    try:
+        for table in TABLES:
+            con.execute(f"SELECT count(*), sum(hash(COLUMNS(*))) FROM {table}").fetchall()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table, key in (("sweeps", "sweep_id"), ("measurements", "run_id"), ("telemetry", "run_id")):
+                con.execute(f"INSERT INTO {table} ({key}) VALUES ('dilcompile-write-check')")
+        finally:
+            con.execute("ROLLBACK")
+    except duckdb.Error as exc:
+        raise damaged(path, exc) from exc
 
 
 def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0):
-    """Run ``sql`` on a short read-only connection. Returns (column names, rows)."""
+    """Run ``sql`` on a short read-only connection. Returns (column names, rows).
+    A bad query raises DuckDB's error; a file DuckDB cannot read, :class:`StoreDamaged`."""
+    duckdb = _duckdb()
     with contextlib.closing(connect(path, read_only=True, timeout=timeout)) as con:
-        cur = con.execute(sql, params or [])
-        names = [d[0] for d in cur.description] if cur.description else []
-        return names, cur.fetchall()
-
-
-def _insert(con, table: str, row: dict) -> None:
-    names = ", ".join(f'"{k}"' for k in row)
-    marks = ", ".join("?" for _ in row)
-    con.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
-
-
-def _insert_many(con, table: str, rows: list[dict]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))  # union: early samples may lack some readings
-    names = ", ".join(f'"{k}"' for k in keys)
-    marks = ", ".join("?" for _ in keys)
-    con.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", [[r.get(k) for k in keys] for r in rows])
-
-
-class RunWriter:
-    """Writes one sweep's rows, each committed as soon as it is measured.
-
-    ``sweep``: the ``sweeps`` row (written with the first measurement).
-    ``write(measurement, samples)``: one ``measurements`` row and its
-    ``telemetry`` rows, in one transaction on a fresh connection.
-    """
-
-    def __init__(self, path: str | os.PathLike, sweep: dict, timeout: float = 30.0, final_timeout: float = 300.0):
-        self.path, self.sweep, self.timeout, self.final_timeout = str(path), dict(sweep), timeout, final_timeout
-        self._sweep_written = False
-        self.pending: list[tuple[dict, list[dict]]] = []
-        self.written = 0
-        # Fail fast on a bad path: open (and migrate) once before measuring anything.
-        # A lock held by a reader is not an error: rows wait in memory until it lets go.
         try:
-            connect(self.path, timeout=timeout).close()
-        except StoreLocked:
-            pass
-
-    def write(self, measurement: dict, samples: list[dict] | None = None) -> bool:
-        """Queue a row and flush the queue; False if the file stayed locked (rows kept for later)."""
-        self.pending.append((dict(measurement), list(samples or [])))
-        return self.flush(self.timeout)
-
-    def flush(self, timeout: float | None = None) -> bool:
-        if not self.pending:
-            return True
-        try:
-            con = connect(self.path, timeout=self.timeout if timeout is None else timeout)
-        except StoreLocked:
-            return False
-        try:
-            con.execute("BEGIN TRANSACTION")
-            if not self._sweep_written:
-                con.execute("DELETE FROM sweeps WHERE sweep_id = ?", [self.sweep["sweep_id"]])
-                _insert(con, "sweeps", self.sweep)
-            for measurement, samples in self.pending:
-                _insert(con, "measurements", measurement)
-                _insert_many(con, "telemetry", [{"run_id": measurement["run_id"], **s} for s in samples])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            con.close()
+            cur = con.execute(sql, params or [])
+            names = [d[0] for d in cur.description] if cur.description else []
+            return names, cur.fetchall()
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from exc
             raise
-        con.close()
-        self._sweep_written = True
-        self.written += len(self.pending)
-        self.pending.clear()
-        return True
-
-    def close(self) -> None:
-        """Flush what is left, waiting up to ``final_timeout`` for a reader to let go."""
-        if self.pending and not self.flush(self.final_timeout):
-            raise StoreLocked(f"{self.path} stayed locked for {self.final_timeout:.0f}s; "
-                              f"{len(self.pending)} measured rows could not be written")
 
 
-def export_parquet(path: str | os.PathLike, out_dir: str | os.PathLike, where: str | None = None) -> dict:
-    """Write ``sweeps``/``measurements``/``telemetry`` as Parquet files in ``out_dir``.
+from .parquet import export_parquet, import_parquet, open_parquet  # noqa: E402  (they use connect)
+from .writer import RunWriter  # noqa: E402
 
-    ``where``: an SQL condition on the ``runs`` view selecting the runs to
-    export (their sweeps and telemetry come along). Returns row counts.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    selected = f"SELECT run_id FROM runs WHERE {where}" if where else "SELECT run_id FROM runs"
-    counts = {}
-    with contextlib.closing(connect(path, read_only=True)) as con:
-        filters = {
-            "measurements": f"run_id IN ({selected})",
-            "telemetry": f"run_id IN ({selected})",
-            "sweeps": f"sweep_id IN (SELECT sweep_id FROM runs WHERE run_id IN ({selected}))",
-        }
-        for table in TABLES:
-            target = str(out / f"{table}.parquet").replace("'", "''")
-            sql = f"SELECT * FROM {table} WHERE {filters[table]}"
-            counts[table] = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
-            con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
-    return counts
-
-
-def _load_parquet(con, in_dir: Path) -> dict:
-    """Insert one export folder's runs into ``con``, skipping run ids already present."""
-    files = {t: in_dir / f"{t}.parquet" for t in TABLES}
-    if not files["measurements"].exists():
-        raise StoreError(f"{in_dir} has no measurements.parquet; pass a folder written by `dilcompile runs export`")
-    src = {t: str(f).replace("'", "''") for t, f in files.items() if f.exists()}
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(f"CREATE TEMP TABLE _new AS SELECT run_id FROM read_parquet('{src['measurements']}') "
-                    "WHERE run_id NOT IN (SELECT run_id FROM measurements)")
-        counts = {"measurements": con.execute("SELECT count(*) FROM _new").fetchone()[0]}
-        con.execute(f"INSERT INTO measurements BY NAME SELECT * FROM read_parquet('{src['measurements']}') "
-                    "WHERE run_id IN (SELECT run_id FROM _new)")
-        if "telemetry" in src:
-            con.execute(f"INSERT INTO telemetry BY NAME SELECT * FROM read_parquet('{src['telemetry']}') "
-                        "WHERE run_id IN (SELECT run_id FROM _new)")
-        if "sweeps" in src:
-            con.execute(f"INSERT OR IGNORE INTO sweeps BY NAME SELECT * FROM read_parquet('{src['sweeps']}')")
-        con.execute("DROP TABLE _new")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return counts
-
-
-def import_parquet(path: str | os.PathLike, in_dirs) -> int:
-    """Merge export folders into the store at ``path``; returns new runs added."""
-    added = 0
-    with contextlib.closing(connect(path)) as con:
-        for d in in_dirs:
-            added += _load_parquet(con, Path(d))["measurements"]
-    return added
-
-
-def open_parquet(in_dirs):
-    """An in-memory store holding the runs of export folders (e.g. the
-    reference runs committed under ``runs/``), with the same tables and view."""
-    con = connect(":memory:")
-    for d in in_dirs:
-        _load_parquet(con, Path(d))
-    return con
-
-
-__all__ = ["DEFAULT_DB", "SCHEMA_VERSION", "StoreError", "StoreLocked", "RunWriter", "connect", "query",
+__all__ = ["DEFAULT_DB", "SCHEMA_VERSION", "StoreError", "StoreLocked", "StoreDamaged", "RunWriter", "connect",
+           "check_readable", "damaged", "is_damage", "query",
            "export_parquet", "import_parquet", "open_parquet", "migrate", "file_version", "columns"]

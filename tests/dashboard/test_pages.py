@@ -137,3 +137,39 @@ def test_patterns_block_sparse_with_the_pattern_library(dashboard_env, tmp_path)
     assert not at.exception and not at.error
     expected = sum(1 for i in range(64) for j in range(64) if abs(i - j) <= 8) / 64**2
     assert at.metric[0].value == f"{expected:.2%}" == f"{from_spec('local_window(window=8)').density(64):.2%}"
+
+
+def test_sql_page_survives_a_query_that_never_yields(sweep_db, dashboard_env):
+    """The query runs in a child process: the page reports the timeout and keeps working."""
+    dashboard_env(sweep_db)
+    at = _page("sql")
+    at.number_input(key="sql_timeout").set_value(1)
+    at.text_area(key="sql_text").set_value(
+        "SELECT max(levenshtein(repeat('a', 60000), repeat('b', 60000) || range::VARCHAR)) FROM range(64)")
+    at.button[0].click().run()
+    assert not at.exception and "longer than 1 s" in at.error[0].value
+    at.text_area(key="sql_text").set_value("PIVOT runs ON variant USING count(*) GROUP BY seq_len")
+    at.button[0].click().run()
+    assert not at.error and list(at.dataframe[0].value.columns) == ["seq_len", "dilated", "sdpa"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_damaged_store_names_the_file_and_shows_the_reference_runs(sweep_db, reference_dir, dashboard_env, tmp_path,
+                                                                   damage):
+    import os
+    import shutil
+
+    db = tmp_path / "runs.duckdb"
+    shutil.copy(sweep_db, db)
+    size = db.stat().st_size
+    if damage == "truncated":
+        os.truncate(db, size // 2)
+    else:  # everything past the file header replaced
+        with open(db, "r+b") as f:
+            f.seek(12288)
+            f.write(os.urandom(size - 12288))
+    dashboard_env(str(db), reference_dir)
+    at = _page("overview")
+    info = at.info[0].value
+    assert "reference runs" in info and f"{db} is damaged" in info and "move it aside" in info
+    assert {m.label: m.value for m in at.metric}["runs"] == "12"

@@ -1,0 +1,145 @@
+"""A sweep's writer: each measured row is committed at once, and never lost.
+
+A file another process holds keeps rows in memory until it lets go (see the
+package docstring). A file that turns out damaged when a row is written (DuckDB
+reads blocks lazily, so a truncated or corrupt file can open fine) has the
+sweep's rows saved in a *rescue* folder beside it, in the export layout that
+``dilcompile runs import`` reads, and stops the sweep with
+:class:`StoreDamaged` naming both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from . import StoreDamaged, StoreError, StoreLocked, _duckdb, check_readable, connect, damaged, is_damage
+from .schema import TABLES
+
+
+def _insert(con, table: str, row: dict) -> None:
+    names = ", ".join(f'"{k}"' for k in row)
+    marks = ", ".join("?" for _ in row)
+    con.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
+
+
+def _insert_many(con, table: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # union: early samples may lack some readings
+    names = ", ".join(f'"{k}"' for k in keys)
+    marks = ", ".join("?" for _ in keys)
+    con.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", [[r.get(k) for k in keys] for r in rows])
+
+
+def _insert_rows(con, sweep: dict | None, rows: list[tuple[dict, list[dict]]]) -> None:
+    if sweep is not None:
+        _insert(con, "sweeps", sweep)
+    for measurement, samples in rows:
+        _insert(con, "measurements", measurement)
+        _insert_many(con, "telemetry", [{"run_id": measurement["run_id"], **s} for s in samples])
+
+
+class RunWriter:
+    """Writes one sweep's rows, each committed as soon as it is measured.
+
+    ``sweep``: the ``sweeps`` row (written with the first measurement).
+    ``write(measurement, samples)``: one ``measurements`` row and its
+    ``telemetry`` rows, in one transaction on a fresh connection.
+    """
+
+    def __init__(self, path: str | os.PathLike, sweep: dict, timeout: float = 30.0, final_timeout: float = 300.0):
+        self.path, self.sweep, self.timeout, self.final_timeout = str(path), dict(sweep), timeout, final_timeout
+        if self.path == ":memory:":
+            raise StoreError("the store path is :memory:, where rows vanish when the sweep ends; "
+                             "pass --db with a file, e.g. --db runs/dilcompile.duckdb")
+        self._sweep_written = False
+        self.pending: list[tuple[dict, list[dict]]] = []
+        self.rescued: list[tuple[dict, list[dict]]] = []
+        self.written = 0
+        # Fail fast on a bad or damaged file: open (migrate) and check it before measuring anything.
+        # A lock held by a reader is not an error: rows wait in memory until it lets go.
+        try:
+            con = connect(self.path, timeout=timeout)
+        except StoreLocked:
+            return
+        try:
+            check_readable(con, self.path)
+        finally:
+            con.close()
+
+    def write(self, measurement: dict, samples: list[dict] | None = None) -> bool:
+        """Queue a row and flush the queue; False if the file stayed locked (rows kept for later)."""
+        self.pending.append((dict(measurement), list(samples or [])))
+        return self.flush(self.timeout)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        if not self.pending:
+            return True
+        duckdb = _duckdb()
+        try:
+            con = connect(self.path, timeout=self.timeout if timeout is None else timeout)
+        except StoreLocked:
+            return False
+        except StoreError as exc:
+            raise self._rescue(exc) from exc
+        try:
+            con.execute("BEGIN TRANSACTION")
+            if not self._sweep_written:
+                con.execute("DELETE FROM sweeps WHERE sweep_id = ?", [self.sweep["sweep_id"]])
+            _insert_rows(con, None if self._sweep_written else self.sweep, self.pending)
+            con.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            con.close()
+            if isinstance(exc, duckdb.Error):
+                raise self._rescue(damaged(self.path, exc) if is_damage(exc) else exc) from exc
+            raise
+        con.close()
+        self._sweep_written = True
+        self.written += len(self.pending)
+        self.pending.clear()
+        return True
+
+    def close(self) -> None:
+        """Flush what is left, waiting up to ``final_timeout`` for a reader to let go."""
+        if self.pending and not self.flush(self.final_timeout):
+            raise StoreLocked(f"{self.path} stayed locked for {self.final_timeout:.0f}s; "
+                              f"{len(self.pending)} measured rows could not be written")
+
+    def rescue_dir(self) -> Path:
+        name = f"{Path(self.path).name}.rescue-{self.sweep['sweep_id']}"
+        folder = Path(self.path).parent
+        return (folder if os.access(folder, os.W_OK) else Path(tempfile.gettempdir())) / name
+
+    def _rescue(self, cause: BaseException) -> StoreError:
+        """Save the rows the store refused; the error to raise says where they are."""
+        self.rescued += self.pending
+        self.pending = []
+        out = self.rescue_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            _write_parquet(out, self.sweep, self.rescued)
+            how = f"`dilcompile runs import {out} --db <a good store>` adds them"
+        except Exception:  # a row DuckDB refuses in any store: keep it as text
+            with open(out / "rows.jsonl", "w") as f:
+                for measurement, samples in self.rescued:
+                    f.write(json.dumps({"sweep": self.sweep, "measurement": measurement, "telemetry": samples},
+                                       default=str) + "\n")
+            how = "rows.jsonl there holds them as JSON"
+        cls = StoreDamaged if isinstance(cause, StoreDamaged) else StoreError
+        why = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        return cls(f"{why}. The {len(self.rescued)} measured row(s) it refused are saved in {out} ({how}); "
+                   "the sweep stopped")
+
+
+def _write_parquet(out: Path, sweep: dict, rows: list[tuple[dict, list[dict]]]) -> None:
+    with contextlib.closing(connect(":memory:")) as con:
+        _insert_rows(con, sweep, rows)
+        for table in TABLES:
+            target = str(out / f"{table}.parquet").replace("'", "''")
+            con.execute(f"COPY {table} TO '{target}' (FORMAT parquet)")
