@@ -12,7 +12,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from . import StoreError, connect
+from .connection import StoreError, connect
 from .schema import TABLES
 
 # What a measurements row needs to be a run the dashboard and the queries can use.

@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import StoreDamaged, StoreError, StoreLocked, _duckdb, check_readable, connect, damaged, is_damage
+from .connection import StoreDamaged, StoreError, StoreLocked, _duckdb, check_readable, connect, damaged, is_damage
 from .schema import TABLES
 
 

@@ -1,0 +1,153 @@
+"""Connections to the run store: open with lock retries, query briefly, tell a
+damaged file from a busy one (see the package docstring for the concurrency rules)."""
+
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from pathlib import Path
+
+from .schema import SCHEMA_VERSION, STORAGE_COMPATIBILITY, TABLES, file_version, migrate
+
+DEFAULT_DB = "runs/dilcompile.duckdb"
+
+
+class StoreError(RuntimeError):
+    """A store problem a user can act on (path, permissions, lock, version)."""
+
+
+class StoreLocked(StoreError):
+    """Another process held the file for longer than the timeout."""
+
+
+class StoreDamaged(StoreError):
+    """The file is not a readable DuckDB store (truncated, overwritten, corrupt)."""
+
+
+def damaged(path, exc: BaseException) -> StoreDamaged:
+    """The error for a store DuckDB cannot read or write: which file, why, what to do."""
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return StoreDamaged(f"the run store {path} is damaged ({why}); move it aside (mv {path} {path}.damaged) "
+                        "and record into a new file, re-adding shared runs with `dilcompile runs import`")
+
+
+def _duckdb():
+    try:
+        import duckdb
+    except ImportError as exc:
+        raise StoreError("the run store needs duckdb: pip install 'dilcompile[store]'") from exc
+    return duckdb
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return "lock" in text.lower() and ("Conflicting" in text or "Could not set lock" in text)
+
+
+def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeout: float = 30.0):
+    """Open the store, retrying while another process holds a conflicting lock.
+
+    A writable connection creates the file (and its folder) if needed and
+    migrates the schema in place to the latest version. Keep connections
+    short-lived (see the module docstring); use ``with connect(...) as con``.
+    ``path=":memory:"`` gives a scratch store.
+    """
+    duckdb = _duckdb()
+    path = str(path)
+    if not path:  # DuckDB would open a scratch in-memory database: every row written would be lost
+        raise StoreError("the store path is empty; pass --db with a file, e.g. --db runs/dilcompile.duckdb")
+    if path != ":memory:":
+        p = Path(path)
+        if read_only and not p.exists():
+            raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
+        if not read_only:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the folder for {path}: {exc.strerror}; pass --db with a writable path") from exc
+            target = p if p.exists() else p.parent
+            if not os.access(target, os.W_OK):
+                raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    config = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only, config=config)
+            break
+        except (duckdb.InvalidInputException, duckdb.CatalogException) as exc:
+            if "storage_compatibility_version" not in str(exc) or not config:
+                raise
+            config = {}  # a DuckDB older than the setting writes an old format anyway
+        except duckdb.IOException as exc:
+            if not _is_lock_error(exc):
+                if "not a valid DuckDB database" in str(exc) or "Could not read" in str(exc):
+                    raise damaged(path, exc) from exc
+                raise StoreError(f"cannot open {path}: {str(exc).splitlines()[0]}") from exc
+            if time.monotonic() >= deadline:
+                raise StoreLocked(f"{path} is locked by another process (a sweep or a reader holding it open) "
+                                  f"for more than {timeout:.0f}s; close it or pass another --db") from exc
+            time.sleep(delay * (0.5 + random.random()))  # jitter: two waiters don't retry in lock-step
+            delay = min(delay * 2, 0.5)
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from exc
+            raise
+    try:
+        if not read_only:
+            migrate(con)
+        elif path != ":memory:" and file_version(con) > SCHEMA_VERSION:
+            raise StoreError(f"{path} has schema version newer than this dilcompile ({SCHEMA_VERSION}); "
+                             "upgrade dilcompile")
+    except duckdb.Error as exc:  # the header opened but the catalog or schema blocks do not read
+        con.close()
+        raise damaged(path, exc) from exc
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether a DuckDB error says the file itself is unreadable (not the SQL, not a lock)."""
+    duckdb = _duckdb()
+    if isinstance(exc, duckdb.IOException):
+        return not _is_lock_error(exc)
+    # DuckDB raises its base class for a block checksum mismatch ("Corrupt database file").
+    return isinstance(exc, duckdb.InternalException) or (type(exc) is duckdb.Error and "Corrupt" in str(exc))
+
+
+def check_readable(con, path) -> None:
+    """Read every column of every table and try (then roll back) a row in each:
+    DuckDB reads a block only when it needs it, so a damaged file opens fine and
+    fails later; this makes it fail here, before anything is measured."""
+    duckdb = _duckdb()
+    try:
+        for table in TABLES:
+            con.execute(f"SELECT count(*), sum(hash(COLUMNS(*))) FROM {table}").fetchall()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table, key in (("sweeps", "sweep_id"), ("measurements", "run_id"), ("telemetry", "run_id")):
+                con.execute(f"INSERT INTO {table} ({key}) VALUES ('dilcompile-write-check')")
+        finally:
+            con.execute("ROLLBACK")
+    except duckdb.Error as exc:
+        raise damaged(path, exc) from exc
+
+
+def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0):
+    """Run ``sql`` on a short read-only connection. Returns (column names, rows).
+    A bad query raises DuckDB's error; a file DuckDB cannot read, :class:`StoreDamaged`."""
+    duckdb = _duckdb()
+    with contextlib.closing(connect(path, read_only=True, timeout=timeout)) as con:
+        try:
+            cur = con.execute(sql, params or [])
+            names = [d[0] for d in cur.description] if cur.description else []
+            return names, cur.fetchall()
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from exc
+            raise
