@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from ...numerics import merge_into
 from .plan import Call, GatherPlan
 
 aten = torch.ops.aten
@@ -151,20 +152,6 @@ def _explicit_bwd(do, q, k, v, out, lse, mask, scale):
     return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
 
 
-def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> None:
-    """Joint softmax of two disjoint key sets from their (out, lse), written
-    into (o_old, lse_old) in place; lse −inf marks a row with no key there. A
-    row with none in either stays (0, −inf). One lerp pass over the output —
-    the merge touches every merged row, so its passes count on CPU."""
-    top = torch.maximum(lse, lse_old)
-    top = torch.where(top.isfinite(), top, torch.zeros_like(top))
-    w, w_old = (lse - top).exp(), (lse_old - top).exp()
-    total = w + w_old
-    frac = torch.where(total > 0, w / total, torch.zeros_like(total))  # the new keys' share
-    o_old.lerp_(o.to(o_old.dtype), frac[..., None])
-    lse_old.copy_(torch.where(total > 0, top + total.log(), lse_old))
-
-
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
     b, h, n, d = q.shape
@@ -185,7 +172,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
                 l = l.masked_fill(~nonempty, float("-inf"))
             if call.merge:  # in place: into views of out and lse, or into copies written back
                 o_old, l_old = _rows(cout[i], call), _rows(clse[i], call)
-                _merge_into(o, l, o_old, l_old)
+                merge_into(o_old, l_old, o, l)
                 if call.r0 is not None and call.qtok is None:
                     continue
                 o, l = o_old, l_old
