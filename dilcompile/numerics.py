@@ -38,14 +38,16 @@ def merge_into(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -
     inputs, so the difference is exact — and normalised by their own sum, so
     the new output is a convex combination of the two whatever the magnitude
     of lse; the rounding of the merged lse (ulp(|lse|), large at large logits)
-    never scales the output. A row with no key in either stays (0, −inf).
+    never scales the output. A row with no key in either stays (0, −inf); a
+    NaN in either makes the row NaN.
     """
     top = finite_or_zero(torch.maximum(lse, block_lse))
     w_old, w_new = (lse - top).exp(), (block_lse - top).exp()
     total = w_old + w_new
-    share = torch.where(total > 0, w_new / total, torch.zeros_like(total))  # the new keys' share
+    empty = total == 0  # a NaN total (NaN lse) is not empty: the row becomes NaN
+    share = torch.where(empty, torch.zeros_like(total), w_new / total)  # the new keys' share
     out.lerp_(block_out.to(out.dtype), share[..., None])
-    lse.copy_(torch.where(total > 0, top + total.log(), lse))
+    lse.copy_(torch.where(empty, lse, top + total.log()))
 
 
 def _scores(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> Tensor:
