@@ -3,6 +3,9 @@ argument, the value and the fix, before any compute."""
 
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
+
 import torch
 from torch import Tensor
 
@@ -19,6 +22,8 @@ def check_qkv(q, k, v, what: str = "attention", shorter_q: bool = False) -> None
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}; "
                              "for (B, N, H, D) inputs use x.transpose(1, 2)")
+        if t.shape[-1] == 0:  # B, H or N of 0 give an empty result; D = 0 has no scale 1/sqrt(D)
+            raise ValueError(f"{name} has head dim D = 0 (shape {tuple(t.shape)}); attention needs D ≥ 1")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; use one of {DTYPES}")
     if shorter_q:
@@ -38,3 +43,47 @@ def check_qkv(q, k, v, what: str = "attention", shorter_q: bool = False) -> None
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast them to one dtype")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move them to one device")
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_scale(scale) -> float | None:
+    """A softmax scale: None (meaning 1/sqrt(D)) or a positive finite real
+    number — not a bool, whose True would silently mean 1.0."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, Real) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None (→ 1/sqrt(head_dim)), got {scale!r}")
+    return float(scale)
+
+
+def softmax_scale(scale, head_dim: int) -> float:
+    """``scale`` checked, or 1/sqrt(head_dim) for None."""
+    scale = check_scale(scale)
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+
+# Positions, segment lengths and rates travel through int64 op schemas and index math.
+INT64_MAX = 2**63 - 1
+
+
+def check_positive_ints(name: str, values) -> tuple[int, ...]:
+    """A non-empty sequence of ints in [1, 2⁶³ − 1], as a tuple."""
+    if isinstance(values, (int, str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints such as (2048, 4096), got {values!r}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} is empty: give at least one value, e.g. (2048,)")
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, Integral):
+            raise TypeError(f"{name} must hold ints, got {x!r} in {values!r}")
+        if x < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {x} in {values!r}")
+        if x > INT64_MAX:
+            raise ValueError(f"{name} must be ≤ 2**63 - 1, got {x} in {values!r}; any value ≥ the sequence "
+                             "length acts as the sequence length, so pass that")
+    return tuple(int(x) for x in values)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..checks import check_scale
+
 IMPLS = ("auto", "gather", "flex", "reference")
 
 
@@ -29,8 +31,7 @@ class BlockSparseAttentionConfig:
             raise TypeError(f"causal must be a bool, got {self.causal!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size must be a positive int (e.g. 128), got {self.block_size!r}")
-        if self.scale is not None and not (isinstance(self.scale, (int, float)) and self.scale > 0):
-            raise ValueError(f"scale must be a positive float or None, got {self.scale!r}")
+        check_scale(self.scale)
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
 

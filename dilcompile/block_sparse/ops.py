@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..numerics import accumulator_dtype
 from . import cache
 from .impl.gather import gather_backward, gather_forward
 
@@ -52,10 +53,6 @@ def gather_eager(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tenso
     return gather_forward(q, k, v, plan, scale)[0].contiguous()
 
 
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.custom_op("dilcompile::block_sparse_fwd", mutates_args=())
 def block_sparse_fwd(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tensor, causal: bool, scale: float,
                      block_size: int) -> tuple[Tensor, Tensor]:
@@ -67,7 +64,7 @@ def block_sparse_fwd(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: T
 @block_sparse_fwd.register_fake
 def _(q, k, v, structure, numbers, causal, scale, block_size):
     # Contiguous, not empty_like: q may be a transposed view (multihead head split).
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
 
 
 @torch.library.custom_op("dilcompile::block_sparse_bwd", mutates_args=())

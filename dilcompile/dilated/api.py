@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 
 import torch
 from torch import Tensor
 
-from ..checks import check_qkv
+from ..checks import check_bool, check_qkv, softmax_scale
 from ..kernels import backend_for
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from .config import IMPLS, check_branches
@@ -109,12 +108,8 @@ def dilated_attention(
     """
     check_qkv(q, k, v, "dilated attention", shorter_q=True)
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    check_bool("causal", causal)
+    scale = softmax_scale(scale, q.shape[-1])
     _check_key_padding_mask(key_padding_mask, k)
     chosen = choose_impl(q, impl)
 

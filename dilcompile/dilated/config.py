@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from numbers import Integral
 
+from ..checks import check_bool, check_positive_ints, check_scale
 from .geometry import MODES
 
 IMPLS = ("auto", "sdpa", "triton", "reference")
 
 
-def _int_tuple(name: str, values) -> tuple[int, ...]:
-    if isinstance(values, (int, str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of ints such as (2048, 4096), got {values!r}")
-    values = tuple(values)
-    if not values:
-        raise ValueError(f"{name} is empty: give at least one value, e.g. (2048,)")
-    for x in values:
-        if isinstance(x, bool) or not isinstance(x, Integral):
-            raise TypeError(f"{name} must hold ints, got {x!r} in {values!r}")
-        if x < 1:
-            raise ValueError(f"{name} must be ≥ 1, got {x} in {values!r}")
-    return tuple(int(x) for x in values)
-
-
 def check_branches(segment_lengths, dilation_rates, mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Validate a branch spec; returns it as two int tuples."""
-    segments = _int_tuple("segment_lengths", segment_lengths)
-    rates = _int_tuple("dilation_rates", dilation_rates)
+    segments = check_positive_ints("segment_lengths", segment_lengths)
+    rates = check_positive_ints("dilation_rates", dilation_rates)
     if len(segments) != len(rates):
         raise ValueError(
             f"segment_lengths {segments} and dilation_rates {rates} must have the same length "
@@ -52,8 +38,8 @@ class DilatedAttentionConfig:
         segments, rates = check_branches(self.segment_lengths, self.dilation_rates, self.mode)
         object.__setattr__(self, "segment_lengths", segments)
         object.__setattr__(self, "dilation_rates", rates)
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"causal must be a bool, got {self.causal!r}")
+        check_bool("causal", self.causal)
+        check_scale(self.scale)
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
 

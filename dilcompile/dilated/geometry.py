@@ -35,15 +35,26 @@ class Part:
     offset: int  # kept rows are ≡ offset (mod rate) inside each segment
 
 
-def longnet_offset(head: int, num_heads: int, rate: int) -> int:
-    """LongNet: heads are cut into ``rate`` contiguous blocks, block j takes offset j."""
-    return head // math.ceil(num_heads / rate)
+def longnet_offset(head, num_heads, rate):
+    """LongNet: heads are cut into ``rate`` contiguous blocks of ``ceil(H / r)``,
+    block j takes offset j. Integer ops only, so ``head`` may be an int tensor
+    and ``num_heads`` symbolic (a traced H adds no guard)."""
+    return head // ((num_heads + rate - 1) // rate)
+
+
+def group_bounds(group, num_heads, num_groups):
+    """(first head, head count) of seed-system head group ``group``: the first
+    ``H % m`` groups get one extra head. ``group`` may be an int tensor (as in
+    ``longnet_offset``, no guard on a traced H)."""
+    base, extra = num_heads // num_groups, num_heads % num_groups
+    if isinstance(group, Tensor):
+        return group * base + group.clamp(max=extra), base + (group < extra).long()
+    return group * base + min(group, extra), base + (1 if group < extra else 0)
 
 
 def group_sizes(num_heads: int, num_groups: int) -> list[int]:
-    """Seed-system head groups: the first ``H % m`` groups get one extra head."""
-    base, extra = divmod(num_heads, num_groups)
-    return [base + (1 if i < extra else 0) for i in range(num_groups)]
+    """Head count of every seed-system group (see ``group_bounds``)."""
+    return [group_bounds(i, num_heads, num_groups)[1] for i in range(num_groups)]
 
 
 def plan_parts(
@@ -52,21 +63,19 @@ def plan_parts(
     dilation_rates: tuple[int, ...],
     mode: str = "longnet",
 ) -> tuple[Part, ...]:
+    """The parts of a config, layer 0 first. Cost O(H · branches) whatever
+    the rates: only offsets some head takes (at most H of them) make a part."""
     parts: list[Part] = []
     if mode == "longnet":
         for layer, (w, r) in enumerate(zip(segment_lengths, dilation_rates)):
-            block = math.ceil(num_heads / r)
-            for offset in range(r):
-                h0, h1 = offset * block, min((offset + 1) * block, num_heads)
-                if h0 < h1:
-                    parts.append(Part(layer, h0, h1, w, r, offset))
+            block = -(-num_heads // r)  # ceil(H / r) heads per offset
+            for offset in range(longnet_offset(num_heads - 1, num_heads, r) + 1 if num_heads else 0):
+                parts.append(Part(layer, offset * block, min((offset + 1) * block, num_heads), w, r, offset))
     elif mode == "groups":
-        h0 = 0
-        sizes = group_sizes(num_heads, len(segment_lengths))
-        for i, (size, w, r) in enumerate(zip(sizes, segment_lengths, dilation_rates)):
+        for i, (w, r) in enumerate(zip(segment_lengths, dilation_rates)):
+            h0, size = group_bounds(i, num_heads, len(segment_lengths))
             if size:
                 parts.append(Part(0, h0, h0 + size, w, r, i % r))
-            h0 += size
     else:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return tuple(parts)

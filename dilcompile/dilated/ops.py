@@ -9,12 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..numerics import accumulator_dtype
 from .geometry import plan_parts
 from .impl.sdpa import dilated_backward, dilated_forward
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("dilcompile::dilated_fwd", mutates_args=())
@@ -31,7 +28,7 @@ def dilated_fwd(
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
     # The real op returns contiguous tensors whatever q's strides (e.g. a (B, N, H, D) view
     # transposed to (B, H, N, D)); empty_like would copy q's strides and mislead Inductor.
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
 
 
 @torch.library.custom_op("dilcompile::dilated_bwd", mutates_args=())

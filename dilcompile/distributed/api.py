@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from numbers import Integral
 
 import torch.distributed as dist
 from torch import Tensor
 
-from ..checks import check_qkv
+from ..checks import check_bool, check_qkv, softmax_scale
 from ..dilated.config import check_branches
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
 from .plan import TRANSPORTS
@@ -83,12 +82,8 @@ def ring_dilated_attention(
     """
     check_qkv(q, k, v, "ring dilated attention")
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    check_bool("causal", causal)
+    scale = softmax_scale(scale, q.shape[-1])
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     group = resolve_group(group)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..dilated.geometry import plan_parts
+from ..numerics import accumulator_dtype
 from .plan import choose_transport, plan_exchange, split_sizes
 from .ring import ring_backward, ring_forward
 from .stream import stream_backward, stream_forward
@@ -74,10 +75,6 @@ def _plan(heads, segment_lengths, dilation_rates, mode, causal, shard_lengths, t
     return exchange, choose_transport(exchange, transport, batch, heads, head_dim)
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.custom_op("dilcompile::ring_dilated_fwd", mutates_args=())
 def ring_dilated_fwd(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
@@ -107,7 +104,8 @@ def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, shard_lengt
     else:  # symbolic N or lengths gathered at run time: the fetched row count is opaque to the tracer
         received = torch.library.get_ctx().new_dynamic_size()
     lengths = torch.empty(world, dtype=torch.int64, device="cpu")
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)), k.new_empty(received), lengths
+    lse = q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
+    return torch.empty_like(q), lse, k.new_empty(received), lengths
 
 
 @torch.library.custom_op("dilcompile::ring_dilated_bwd", mutates_args=())

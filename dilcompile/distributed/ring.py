@@ -23,11 +23,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels import attention_backward, attention_forward
+from ..numerics import accumulator_dtype, merge_into
 from .plan import Body, Edge, Exchange, shard_bounds, split_sizes
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _view(x: Tensor, piece: Body | Edge, shard_start: int) -> Tensor:
@@ -123,7 +120,7 @@ def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: fl
     s = shard_bounds(exchange.shard_lengths)[rank][0]
     recv = fetch(k, v, exchange, rank, group)
     remote = unpack(recv, exchange, rank, q.shape[0], q.shape[-1])
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, L, D)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, L)
     for piece in exchange.plans[rank].pieces:
@@ -137,10 +134,7 @@ def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: fl
 
 def merge(ov: Tensor, lv: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
     """Fold one key block's attention into the running (out, lse) views of its rows, in place."""
-    block_out, block_lse = block_out.view(ov.shape), block_lse.view(lv.shape)
-    merged = torch.logaddexp(lv, block_lse)  # finite: every block has a key for every query
-    ov.mul_((lv - merged).exp_()[..., None]).add_(block_out * (block_lse - merged).exp_()[..., None])
-    lv.copy_(merged)
+    merge_into(ov, lv, block_out.view(ov.shape), block_lse.view(lv.shape))
 
 
 def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float, group):
@@ -148,7 +142,7 @@ def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: i
     for this shard's rows."""
     b, _, _, d = q.shape
     s, e = shard_bounds(exchange.shard_lengths)[rank]
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     remote = unpack(recv, exchange, rank, b, d)
     dq, dk, dv = (torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3))
     remote_grads = [tuple(torch.zeros(t.shape, dtype=acc, device=q.device) for t in pair) for pair in remote]

@@ -27,8 +27,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels import attention_backward, attention_forward
+from ..numerics import accumulator_dtype
 from .plan import Edge, Exchange, shard_bounds
-from .ring import _acc, _dense, _view, add_rows, merge, rows_for
+from .ring import _dense, _view, add_rows, merge, rows_for
 
 
 def _post(send: Tensor, dst: int, recv: Tensor, src: int, group, tag: int) -> list:
@@ -95,7 +96,7 @@ def _owners(exchange: Exchange, rank: int) -> dict[int, int]:
 def stream_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: float, group):
     """As ``ring_forward`` (out, lse, and an empty stand-in for the fetched rows)."""
     s = shard_bounds(exchange.shard_lengths)[rank][0]
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, L, D)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, L)
     pieces = exchange.plans[rank].pieces
@@ -116,7 +117,7 @@ def stream_backward(grad_out, q, k, v, out, lse, exchange: Exchange, rank: int, 
     """As ``ring_backward``, re-streaming the K/V rows round by round."""
     s, e = shard_bounds(exchange.shard_lengths)[rank]
     b, _, _, d = q.shape
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     dq, dk, dv = (torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3))
     pieces = exchange.plans[rank].pieces
     dense = [[_dense(_view(t, p, s), p) for t in (grad_out, q, out, lse)] for p in pieces]

@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..numerics import finite_or_zero, softmax_attention_backward, softmax_attention_forward
+
 aten = torch.ops.aten
 
 # CUDA flash attention serves half precision with these head dims.
@@ -43,10 +45,6 @@ def backend_for(device: torch.device, dtype: torch.dtype, head_dim: int, masked:
             return "cuda_efficient"
         return "math"
     raise ValueError(f"q is on device {device}; dilcompile kernels serve 'cpu' and 'cuda'")
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _additive(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -91,7 +89,7 @@ def attention_backward(
     backend = backend_for(q.device, q.dtype, q.shape[-1], key_mask is not None)
     grad_out, out = grad_out.contiguous(), out.contiguous()
     # A row with no key has lse −inf and P = 0; any finite lse gives that P.
-    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse)).contiguous()
+    lse = finite_or_zero(lse).contiguous()
     if backend == "cpu_flash":
         bias = None if key_mask is None else _additive(key_mask, q.dtype)
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -115,32 +113,19 @@ def attention_backward(
     return _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask)
 
 
-def _scores(q: Tensor, k: Tensor, causal: bool, scale: float, key_mask: Tensor | None) -> Tensor:
-    s = (q.to(_lse_dtype(q.dtype)) @ k.to(_lse_dtype(q.dtype)).transpose(-1, -2)) * scale
+def _keep(q: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor | None:
+    """The explicit kernel's bool mask (True = attend): causal and key mask together."""
+    keep = key_mask
     if causal:
         length = q.shape[-2]
-        future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    if key_mask is not None:
-        s = s.masked_fill(~key_mask, float("-inf"))
-    return s
+        past = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        keep = past if keep is None else keep & past
+    return keep
 
 
 def _math_forward(q, k, v, causal, scale, key_mask):
-    s = _scores(q, k, causal, scale, key_mask)
-    lse = s.logsumexp(-1)
-    p = (s - torch.where(lse.isfinite(), lse, torch.zeros_like(lse))[..., None]).exp()
-    return (p @ v.to(s.dtype)).to(q.dtype), lse
+    return softmax_attention_forward(q, k, v, scale, _keep(q, causal, key_mask))
 
 
 def _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask):
-    s = _scores(q, k, causal, scale, key_mask)
-    p = (s - lse[..., None]).exp()  # (B, H, L, L)
-    do = grad_out.to(p.dtype)
-    dv = p.transpose(-1, -2) @ do
-    dp = do @ v.to(p.dtype).transpose(-1, -2)
-    delta = (do * out.to(p.dtype)).sum(-1, keepdim=True)
-    ds = p * (dp - delta) * scale
-    dq = ds @ k.to(p.dtype)
-    dk = ds.transpose(-1, -2) @ q.to(p.dtype)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return softmax_attention_backward(grad_out, q, k, v, out, lse, scale, _keep(q, causal, key_mask))

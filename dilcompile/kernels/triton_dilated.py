@@ -101,7 +101,7 @@ def _fwd_kernel(
                     pv = _dot(p.to(v.dtype), v, PREC)
                     acc = acc * alpha[:, None] + pv
                     m_i = m_new
-    covered = l_i > 0
+    covered = l_i != 0  # a NaN sum (a NaN score) is covered: out and lse stay NaN
     out = acc / tl.where(covered, l_i, 1.0)[:, None]
     lse = tl.where(covered, (m_i + tl.log2(tl.where(covered, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     row_ok = rows < N

@@ -123,6 +123,15 @@ class MultiheadAttentionBase(nn.Module):
             if t.dim() != 3 or t.shape[-1] != self.embed_dim:
                 raise ValueError(f"{name} must have shape (B, N, embed_dim={self.embed_dim}) (batch first), "
                                  f"got {tuple(t.shape)}")
+        weight = self.qkv_proj.weight.dtype
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not t.is_floating_point():
+                raise TypeError(f"{name} has dtype {t.dtype}; pass floating-point inputs of the parameters' "
+                                f"dtype {weight} (e.g. {name}.to({weight}))")
+            if t.dtype != weight and not torch.is_autocast_enabled(t.device.type):
+                raise TypeError(f"{name} has dtype {t.dtype} but the module's parameters are {weight}: cast "
+                                f"the input ({name}.to({weight})), convert the module (.to({t.dtype})) or "
+                                "run under torch.autocast")
         if key.shape != value.shape:
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
         if key.shape[0] != query.shape[0]:

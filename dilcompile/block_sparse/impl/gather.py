@@ -24,6 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ...numerics import (accumulator_dtype, finite_or_zero, merge_into, softmax_attention_backward,
+                         softmax_attention_forward)
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
 from .masked import masked_matmul
 
@@ -208,41 +210,14 @@ def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
 
 
 def _explicit_fwd(q, k, v, mask, scale):
-    """Softmax attention in matmuls (off CPU): the whole score matrix of the call at once."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
-    if mask is not None:
-        s = s + mask
-    lse = s.logsumexp(-1)
-    lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))  # empty row: P = 0, out = 0 (as the CPU kernel)
-    return ((s - lse[..., None]).exp() @ v.to(acc)).to(q.dtype), lse
+    """Softmax attention in matmuls (off CPU); lse 0 on an empty row, as the CPU kernel."""
+    out, lse = softmax_attention_forward(q, k, v, scale, mask)
+    return out, finite_or_zero(lse)
 
 
 def _explicit_bwd(do, q, k, v, out, lse, mask, scale):
     """dq, dk, dv of ``_explicit_fwd`` from the joint (out, lse)."""
-    acc = lse.dtype
-    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
-    if mask is not None:
-        s = s + mask
-    p = (s - lse[..., None]).exp()
-    do_ = do.to(acc)
-    dv = p.transpose(-1, -2) @ do_
-    ds = p * (do_ @ v.to(acc).transpose(-1, -2) - (do_ * out.to(acc)).sum(-1, keepdim=True)) * scale
-    return (ds @ k.to(acc)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(acc)).to(k.dtype), dv.to(v.dtype)
-
-
-def _merge_into(o: Tensor, lse: Tensor, o_old: Tensor, lse_old: Tensor) -> None:
-    """Joint softmax of two disjoint key sets from their (out, lse), written
-    into (o_old, lse_old) in place; lse −inf marks a row with no key there. A
-    row with none in either stays (0, −inf). One lerp pass over the output —
-    the merge touches every merged row, so its passes count on CPU."""
-    top = torch.maximum(lse, lse_old)
-    top = torch.where(top.isfinite(), top, torch.zeros_like(top))
-    w, w_old = (lse - top).exp(), (lse_old - top).exp()
-    total = w + w_old
-    frac = torch.where(total > 0, w / total, torch.zeros_like(total))  # the new keys' share
-    o_old.lerp_(o.to(o_old.dtype), frac[..., None])
-    lse_old.copy_(torch.where(total > 0, top + total.log(), lse_old))
+    return softmax_attention_backward(do, q, k, v, out, lse, scale, mask)
 
 
 def _nonfinite(k: Tensor, v: Tensor, plan: GatherPlan):
@@ -296,7 +271,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     new = torch.empty if plan.writes_every_row else torch.zeros  # a fill is a pass over the output
     out = new(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
@@ -312,7 +287,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
                 l = l.masked_fill(~nonempty, float("-inf"))
             if call.merge:  # in place: into views of out and lse, or into copies written back
                 o_old, l_old = _take(cout[i], ops.queries), _take(clse[i], ops.queries)
-                _merge_into(o, l, o_old, l_old)
+                merge_into(o_old, l_old, o, l)
                 if isinstance(ops.queries, slice):
                     continue
                 o, l = o_old, l_old
@@ -351,7 +326,7 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb, dob, ob = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v, do, out))
     lb = torch.nn.functional.pad(lse, (0, nb * bs - n)).unflatten(2, (nb, bs))
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
     for call in plan.backward_calls:
@@ -392,7 +367,7 @@ def gather_attention_autograd(q: Tensor, k: Tensor, v: Tensor, kv_indices: Tenso
     ok = valid.repeat_interleave(bs, -1)[..., None, :] & (kv_idx < n)
     if causal:
         ok = ok & (kv_idx <= q_idx)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     s = (qb.to(acc) @ kg.to(acc).transpose(-1, -2)) * scale + bias.to(acc).repeat_interleave(bs, -1)[..., None, :]
     s = s.masked_fill(~ok, float("-inf"))
     p = torch.where(ok.any(-1, keepdim=True), torch.softmax(s, -1), 0.0)  # a row with no key: 0 (not NaN)

@@ -22,18 +22,42 @@ def reference_attention(
     q, k, v: (B, H, N, D); count: broadcastable to (B, H, N, N), ≥ 0.
     Returns out (B, H, N, D) and lse (B, H, N), both float64; a row with no
     key has out 0 and lse −inf, and finite gradients.
+
+    A non-finite input reaches exactly the rows that attend it: a NaN or ±inf
+    score of a key a row does not attend is removed (−inf), not added to, and
+    a non-finite value enters a row's output only if the row attends its key
+    (a plain ``P @ v`` would spread 0 · NaN to every row).
     """
     q, k, v = q.double(), k.double(), v.double()
-    z = (q @ k.transpose(-1, -2)) * scale + count.double().log()  # (B, H, N, N)
-    row_max = z.amax(-1, keepdim=True).detach()  # shift only: lse is shift-invariant
-    row_max = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
+    attended = count > 0
+    s = (q @ k.transpose(-1, -2)) * scale
+    z = torch.where(attended, s + count.double().log(), float("-inf"))  # (B, H, N, N)
+    if z.shape[-1]:
+        row_max = z.amax(-1, keepdim=True).detach()  # shift only: lse is shift-invariant
+        row_max = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
+    else:  # N = 0: no keys, no max
+        row_max = z.new_zeros(*z.shape[:-1], 1)
     e = (z - row_max).exp()
     total = e.sum(-1, keepdim=True)
-    covered = total > 0
-    safe_total = torch.where(covered, total, torch.ones_like(total))
-    out = (e / safe_total) @ v
-    lse = torch.where(covered, safe_total.log() + row_max, torch.full_like(total, float("-inf")))
+    empty = total == 0  # NaN (a NaN score) is not empty: it stays NaN
+    safe_total = torch.where(empty, torch.ones_like(total), total)
+    finite_v = v.isfinite()
+    out = (e / safe_total) @ torch.where(finite_v, v, torch.zeros_like(v))
+    if not finite_v.all():
+        out = _attended_nonfinite_values(out, attended, v)
+    lse = torch.where(empty, torch.full_like(total, float("-inf")), safe_total.log() + row_max)
     return out, lse.squeeze(-1)
+
+
+def _attended_nonfinite_values(out: Tensor, attended: Tensor, v: Tensor) -> Tensor:
+    """``out`` where a row attends a key whose value entry is NaN or ±inf: the
+    entry becomes what p · v gives for p > 0 — ±inf, or NaN for NaN or for
+    +inf and −inf together. A row already NaN stays NaN."""
+    a = attended.to(v.dtype)  # counts of attended non-finite entries: matmuls of 0/1, no 0 · inf
+    nan, pos, neg = ((a @ hit.to(v.dtype)) > 0 for hit in (v.isnan(), v == float("inf"), v == float("-inf")))
+    undefined = nan | (pos & neg)
+    value = torch.where(undefined, float("nan"), torch.where(pos, float("inf"), float("-inf")))
+    return torch.where((undefined | pos | neg) & ~out.isnan(), value.to(out.dtype), out)
 
 
 def dilated_reference(

@@ -4,9 +4,10 @@ Every part (see ``geometry``) is gathered with strided views — the kept rows
 of all full segments form one ``(B, heads·segments, rows, D)`` batch, the short
 last segment another — so each part costs one or two fused-kernel calls, never
 an N×N mask. On CPU the kernel reads the strided rows in place; CUDA kernels
-get contiguous copies. The parts are merged by their log-sum-exp: first the
-joint lse of every row (cheap, no D), then each part's output is added once
-with weight ``exp(lse_part − lse)``.
+get contiguous copies. Parts of the first layer are disjoint and written
+directly; every later part is folded into the rows it covers by the shared
+log-sum-exp merge (``numerics.merge_into``) as soon as it is computed, so no
+part's output is held longer than its merge.
 
 Backward re-gathers the same rows and calls the kernel's backward with the
 *merged* output and lse, which yields the exact gradient of the joint softmax,
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ...kernels import attention_backward, attention_forward
+from ...numerics import accumulator_dtype, finite_or_zero, merge_into
 from ..geometry import Part
 
 
@@ -59,10 +61,6 @@ def _key_masks(key_padding_mask: Tensor | None, q: Tensor, part: Part) -> Iterat
         yield _batched(piece)[:, :, None, :]
 
 
-def _finite(lse: Tensor) -> Tensor:
-    return torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
-
-
 def dilated_forward(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
     key_padding_mask: Tensor | None = None,
@@ -70,36 +68,20 @@ def dilated_forward(
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
     ``key_padding_mask`` (B, N) bool, True = padding, removes those keys.
     Rows no part covers (or whose keys are all padding) get out 0, lse −inf."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    num_layers = 1 + max(p.layer for p in parts)
-    lses = torch.full((num_layers, *q.shape[:-1]), float("-inf"), dtype=acc, device=q.device)  # (L, B, H, N)
-    results = []  # (part, piece index, out (B, heads, segments, rows, D), lse (B, heads, segments, rows))
+    # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
+    merges = any(p.layer for p in parts)
+    out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
     for part in parts:
         masks = _key_masks(key_padding_mask, q, part)
-        for i, (qv, kv, vv, lv) in enumerate(zip(*(_pieces(t, part) for t in (q, k, v, lses[part.layer])))):
+        for qv, kv, vv, ov, lv in zip(*(_pieces(t, part) for t in (q, k, v, out, lse))):
             part_out, part_lse = attention_forward(_batched(qv), _batched(kv), _batched(vv), causal, scale, next(masks))
-            lv.copy_(part_lse.view(lv.shape))
-            results.append((part, i, part_out.view(qv.shape), lv))
-
-    if num_layers == 1:  # parts are disjoint: nothing to merge
-        out = torch.zeros_like(q)
-        for part, i, part_out, _ in results:
-            _piece(out, part, i).copy_(part_out)
-        return out, lses[0]
-    lse = torch.logsumexp(lses, dim=0)  # (B, H, N)
-    finite = _finite(lse)
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
-    for part, i, part_out, part_lse in results:
-        weight = (part_lse - _piece(finite, part, i)).exp_()  # 0 where the part has no key
-        _piece(out, part, i).addcmul_(part_out, weight[..., None])
+            if part.layer:
+                merge_into(ov, lv, part_out.view(ov.shape), part_lse.view(lv.shape))
+            else:
+                ov.copy_(part_out.view(ov.shape))
+                lv.copy_(part_lse.view(lv.shape))
     return out.to(q.dtype), lse
-
-
-def _piece(x: Tensor, part: Part, index: int) -> Tensor:
-    for i, view in enumerate(_pieces(x, part)):
-        if i == index:
-            return view
-    raise IndexError(index)
 
 
 def dilated_backward(
@@ -116,7 +98,7 @@ def dilated_backward(
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
     if grad_lse is not None and not grad_lse.any():
         grad_lse = None
@@ -146,7 +128,7 @@ def _lse_grad(g, q, k, v, out, lse, causal, scale, mask):
     attention over values k, reweighted to the merged normaliser; ``Pᵀ(g·q)``
     is the dv that the kernel's backward computes for grad_out = g·q."""
     attn_k, part_lse = attention_forward(q, k, k, causal, scale, mask)
-    reweight = (part_lse - _finite(lse)).exp()[..., None]
+    reweight = (part_lse - finite_or_zero(lse)).exp()[..., None]
     dq = scale * g[..., None] * reweight * attn_k.to(g.dtype)
     gq = (g[..., None] * q.to(g.dtype)).to(q.dtype)
     _, _, pt_gq = attention_backward(gq, q, k, v, out, lse, causal, scale, mask)

@@ -16,9 +16,11 @@ from torch import Tensor
 from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
+from ..geometry import group_bounds, longnet_offset
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+BRANCH_MAX = 2**30
 
 
 def interpreting() -> bool:
@@ -60,22 +62,24 @@ def _precision(dtype: torch.dtype) -> int:
 
 
 def _branch_table(segment_lengths: list[int], dilation_rates: list[int], device) -> Tensor:
-    pairs = [x for w, r in zip(segment_lengths, dilation_rates) for x in (int(w), int(r))]
+    # Every w or r ≥ N acts alike, and the kernels' int32 index math needs
+    # N + r < 2³¹: clamping to 2³⁰ changes nothing for N ≤ 2³⁰.
+    pairs = [min(int(x), BRANCH_MAX) for w, r in zip(segment_lengths, dilation_rates) for x in (w, r)]
     return torch.tensor(pairs, dtype=torch.int32, device=device)  # (m·2,) = (w_0, r_0, w_1, r_1, ...)
 
 
 def _offset_table(num_heads, segment_lengths: list[int], dilation_rates: list[int], mode: str, device) -> Tensor:
-    """(m, H) int32: head h's row offset in branch i, −1 if h does not use it.
-    Built with tensor ops so a symbolic H traces without a guard."""
+    """(m, H) int32: head h's row offset in branch i, −1 if h does not use it,
+    from ``geometry``'s rules applied to a tensor of heads (a symbolic H traces
+    without a guard)."""
     h = torch.arange(num_heads, device=device)  # (H,)
     m = len(segment_lengths)
     rows = []
     for i, r in enumerate(dilation_rates):
-        if mode == "longnet":  # every head every branch, heads cut into r blocks
-            rows.append(h // ((num_heads + r - 1) // r))
-        else:  # seed-system groups: the first H % m groups get one more head
-            size = num_heads // m + (h.new_tensor(i) < num_heads % m).long()
-            start = i * (num_heads // m) + torch.clamp(h.new_tensor(i), max=num_heads % m)
+        if mode == "longnet":
+            rows.append(longnet_offset(h, num_heads, r))
+        else:
+            start, size = group_bounds(h.new_tensor(i), num_heads, m)
             serves = (h >= start) & (h < start + size)
             rows.append(torch.where(serves, torch.full_like(h, i % r), torch.full_like(h, -1)))
     return torch.stack(rows).to(torch.int32).contiguous()
