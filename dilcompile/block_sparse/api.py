@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import check_qkv
+from ..checks import check_bool, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
 from ..patterns import causal as causal_of
 from . import cache
@@ -79,20 +79,17 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
         pattern = from_spec(pattern)
     if not isinstance(pattern, Pattern):
         raise TypeError(f"pattern must be a dilcompile.patterns pattern or a spec string, got {type(pattern).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int (e.g. 128), got {block_size!r}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    scale = check_scale(scale)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_impl(q, pattern, impl, needs_grad)
     if q.numel() == 0:  # B, H, Nq or D is 0: the output (B, H, Nq, D) is empty whatever the pattern
         # empty, and connected to q, k, v for autograd (k, v summed over their own length, which
         # may differ from q's)
         return q * 0 + (k * 0 + v * 0).sum(dim=2, keepdim=True)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = softmax_scale(scale, q.shape[-1])
     b, h, n, _ = q.shape
     if n != k.shape[2]:
         return _shorter_queries(q, k, v, pattern, causal, float(scale), chosen, impl, block_size)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..dilated.api import HAS_TRITON, load_triton_ops
+from ..numerics import accumulator_dtype
 
 TUNED: dict[tuple, str] = {}  # (device, dtype, shape, config) → "sdpa" or "triton"
 LOWERED: list[str] = []  # which path each lowering took (the tests read it)
@@ -78,7 +79,7 @@ def dilated_fwd_tuned(
 
 @dilated_fwd_tuned.register_fake
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse_dtype = accumulator_dtype(q.dtype)
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
 
 

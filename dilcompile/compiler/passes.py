@@ -36,8 +36,9 @@ _PKG = Path(__file__).resolve().parent.parent
 # Everything whose change can change a compiled graph (globs under the package root).
 SOURCES = (
     "compiler/passes.py", "compiler/rewrite_dilated.py", "compiler/rewrite_block_sparse.py", "compiler/lowering.py",
-    "dilated/ops.py", "dilated/triton_ops.py", "dilated/decode_ops.py", "dilated/geometry.py", "dilated/impl/*.py",
-    "block_sparse/ops.py", "distributed/ops.py", "kernels/*.py", "patterns/*.py",
+    "numerics.py", "dilated/ops.py", "dilated/triton_ops.py", "dilated/decode_ops.py", "dilated/geometry.py",
+    "dilated/impl/*.py", "block_sparse/ops.py", "block_sparse/impl/*.py", "distributed/ops.py", "kernels/*.py",
+    "patterns/*.py",
 )
 
 

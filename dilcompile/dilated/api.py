@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ..checks import check_bool, check_qkv, softmax_scale
 from ..kernels import backend_for
+from ..numerics import accumulator_dtype
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from .config import IMPLS, check_branches
 from .geometry import plan_parts
@@ -119,7 +120,7 @@ def dilated_attention(
         parts = plan_parts(q.shape[1], segments, rates, mode)
         out, lse = dilated_reference(q, k, v, parts, causal, float(scale), key_padding_mask)
         out = out.to(q.dtype)
-        lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse = lse.to(accumulator_dtype(q.dtype))
     elif chosen == "triton":
         out, lse = torch.ops.dilcompile.dilated_triton_fwd(
             q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask

@@ -8,12 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..numerics import accumulator_dtype
 from .geometry import plan_parts
 from .impl.decode import decode_backward, decode_forward
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("dilcompile::dilated_decode_fwd", mutates_args=())
@@ -29,7 +26,7 @@ def dilated_decode_fwd(
 
 @dilated_decode_fwd.register_fake
 def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
 
 
 @torch.library.custom_op("dilcompile::dilated_decode_bwd", mutates_args=())

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..numerics import accumulator_dtype
 from . import decode_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_decode_*)
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
@@ -39,7 +40,7 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...],
     if impl == "reference":
         parts = plan_parts(q.shape[1], segments, rates, mode)
         out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        lse_dtype = accumulator_dtype(q.dtype)
         return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(lse_dtype)
     args = (list(segments), list(rates), mode, causal, scale)
     if nq <= DECODE_MAX_QUERIES:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from ..numerics import accumulator_dtype
 from ._checks import check_int
 from .base import Pattern
 
@@ -67,7 +68,7 @@ class adaptive(Pattern, nn.Module):  # noqa: N801
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """(B, H, Qb, Kb) block scores (float32 or float64)."""
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = accumulator_dtype(q.dtype)
         weight_q, weight_k = self.q_proj.weight.to(dtype), self.k_proj.weight.to(dtype)
         sq = self._pool(q.to(dtype)) @ weight_q.t()  # (B, H, Qb, score_dim)
         sk = self._pool(k.to(dtype)) @ weight_k.t()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...numerics import accumulator_dtype
 from ...patterns import Pattern
 
 
@@ -29,7 +30,7 @@ def suffix_masked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, s
                             block_size: int) -> Tensor:
     """q (B, H, Nq, D), k, v (B, H, Nk, D); ``pattern`` bound to H heads (causal
     already applied) → (B, H, Nq, D) in q.dtype."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     nq, nk = q.shape[2], k.shape[2]
     keys = candidate_keys(pattern, nq, nk, block_size, q.device)
     h = torch.arange(q.shape[1], device=q.device)[:, None, None]

@@ -26,11 +26,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ...numerics import accumulator_dtype
 from ..geometry import Part
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def pieces(part: Part, nq: int, nk: int) -> Iterator[tuple[slice, slice, Tensor, Tensor]]:
@@ -51,7 +48,7 @@ def pieces(part: Part, nq: int, nk: int) -> Iterator[tuple[slice, slice, Tensor,
 
 def _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask):
     """Masked scores (B, heads, nq', nk') of one piece, accumulator dtype."""
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     qq = q[:, part.h0 : part.h1, rows].to(acc)
     kk = k[:, part.h0 : part.h1, keys].to(acc)
     s = (qq @ kk.transpose(-1, -2)) * scale
@@ -73,7 +70,7 @@ def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], cau
     """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq ≤ Nk → out (B, H, Nq, D) in
     q.dtype and lse (B, H, Nq) in the accumulator dtype; merged (before the
     groups-mode 1/m). Rows nothing covers: out 0, lse −inf."""
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     nq, nk = q.shape[2], k.shape[2]
     num_layers = 1 + max(p.layer for p in parts)
     lses = torch.full((num_layers, *q.shape[:-1]), float("-inf"), dtype=acc, device=q.device)  # (L, B, H, Nq)
@@ -100,7 +97,7 @@ def decode_backward(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Ten
                     key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`decode_forward` given its merged ``out`` and ``lse``:
     with P = exp(s − lse) over every piece of a row, dS = P ∘ (dP − rowsum(dO ∘ out) + g_lse)."""
-    acc = _acc(q.dtype)
+    acc = accumulator_dtype(q.dtype)
     nq, nk = q.shape[2], k.shape[2]
     dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (q, k, v))
     do = grad_out.to(acc)
