@@ -27,7 +27,7 @@ from torch import Tensor
 from ...numerics import (accumulator_dtype, finite_or_zero, merge_into, softmax_attention_backward,
                          softmax_attention_forward)
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
-from .masked import masked_matmul
+from .masked import masked_attention_backward, masked_matmul
 
 aten = torch.ops.aten
 
@@ -220,22 +220,44 @@ def _explicit_bwd(do, q, k, v, out, lse, mask, scale):
     return softmax_attention_backward(do, q, k, v, out, lse, scale, mask)
 
 
-def _nonfinite(k: Tensor, v: Tensor, plan: GatherPlan):
-    """Keys whose k or v is not finite, and the rows that attend one: ((B, H, N)
-    bool each), or None when every key is finite. A kernel adds its mask to
-    the scores (NaN − ∞ is NaN) and multiplies forbidden values by 0 (0 · NaN
-    is NaN), so such a key would poison every row of its call; the calls run
-    with these keys zeroed and the rows attending them are computed exactly
-    on their own (``_exact_rows``)."""
-    bad = ~(k.isfinite().all(-1) & v.isfinite().all(-1))
-    if not bool(bad.any()):
+class _NonFinite(NamedTuple):
+    """Where the inputs are not finite, each (B, H, N) bool."""
+
+    keys: Tensor  # keys whose k or v is not finite
+    hit: Tensor  # rows computed exactly: those attending such a key, or with a non-finite query (or dO)
+
+
+def _nonfinite(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, do: Tensor | None = None) -> _NonFinite | None:
+    """The non-finite keys and the rows they and non-finite queries (or dO
+    rows) reach, or None when every input is finite. A kernel adds its mask to
+    the scores (NaN − ∞ is NaN) and multiplies forbidden entries by 0 (0 · NaN
+    is NaN): one such key would poison every row of its call, one such query
+    row (or dO row, in the backward) the dk, dv of every key of its call. The
+    calls run with these keys and rows zeroed and the rows are computed
+    exactly on their own (``_exact_rows``, ``_exact_grads``)."""
+    inputs = (q, k, v) if do is None else (q, k, v, do)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # A sum is finite only if every term is (an overflow of finite terms just
+    # takes the row check below): one sum per input and one sync — several
+    # times cheaper than an isfinite pass, which the finite case never runs.
+    if bool(sum(x.sum(dtype=acc) for x in inputs).isfinite()):
         return None
-    h, n = bad.shape[1:]
-    keys = bad.flatten(0, 1).any(0).nonzero()[:, 0]  # (J,) bad in some (batch, head)
-    zero = torch.zeros((), dtype=torch.long, device=k.device)
-    heads = torch.arange(h, device=k.device)[:, None, None]
-    allowed = plan.pattern.mask_mod(zero, heads, torch.arange(n, device=k.device)[None, :, None], keys)  # (Hp, N, J)
-    return bad, (allowed.expand(h, n, keys.numel())[None] & bad[:, :, None, keys]).any(-1)
+    bad = ~(k.isfinite().all(-1) & v.isfinite().all(-1))
+    rows = ~q.isfinite().all(-1)
+    if do is not None:
+        rows |= ~do.isfinite().all(-1)
+    any_key = bool(bad.any())
+    if not (any_key or bool(rows.any())):
+        return None
+    if any_key:
+        h, n = bad.shape[1:]
+        keys = bad.flatten(0, 1).any(0).nonzero()[:, 0]  # (J,) bad in some (batch, head)
+        zero = torch.zeros((), dtype=torch.long, device=k.device)
+        heads = torch.arange(h, device=k.device)[:, None, None]
+        idx = torch.arange(n, device=k.device)[None, :, None]
+        allowed = plan.pattern.mask_mod(zero, heads, idx, keys)  # (Hp, N, J)
+        rows = rows | (allowed.expand(h, n, keys.numel())[None] & bad[:, :, None, keys]).any(-1)
+    return _NonFinite(bad, rows)
 
 
 def _row_mask(plan: GatherPlan, head: int, rows: Tensor, n: int) -> Tensor:
@@ -245,25 +267,40 @@ def _row_mask(plan: GatherPlan, head: int, rows: Tensor, n: int) -> Tensor:
         rows.numel(), n)
 
 
-def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """Out (R, D) and lse (R,) of rows q (R, D) over keys k, v (N, D) with their
-    (R, N) mask, as the reference computes them (non-finite inputs included)."""
+def _exact_probs(q: Tensor, k: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """P (R, N) (0 on forbidden pairs) and lse (R,) of rows q (R, D) over keys
+    k (N, D) with their (R, N) mask, as the reference computes them (non-finite
+    inputs included)."""
     s = (q @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~mask, float("-inf"))
-    lse = s.logsumexp(-1)
-    p = torch.where(mask, (s - lse[:, None]).exp(), 0.0)
-    return masked_matmul(p, v, mask), lse
+    # softmax, not exp(s − lse): a row with a +∞ score (an infinite query) is NaN
+    # on every allowed pair, as in the reference, not only on its +∞ pairs.
+    return torch.where(mask, s.softmax(-1), 0.0), s.logsumexp(-1)
+
+
+def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Out (R, D) and lse (R,) of rows q (R, D) over keys k, v (N, D) with their
+    (R, N) mask; a row with no key: out 0, lse 0 (as the calls give it)."""
+    p, lse = _exact_probs(q, k, mask, scale)
+    return masked_matmul(p, v, mask), torch.where(mask.any(-1), lse, 0)
+
+
+def _exact_grads(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
+                 scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """dq (R, D), dk, dv (N, D) of ``_exact_rows``' out for its upstream do (R, D)."""
+    p, _ = _exact_probs(q, k, mask, scale)
+    return masked_attention_backward(q, k, v, p, mask, do, scale)
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
-    nonfinite = _nonfinite(k, v, plan)
+    nonfinite = _nonfinite(q, k, v, plan)
     if nonfinite is not None:
-        bad, rows_hit = nonfinite
-        out, lse = gather_forward(q, k.masked_fill(bad[..., None], 0), v.masked_fill(bad[..., None], 0), plan, scale)
+        bad, hit = nonfinite.keys[..., None], nonfinite.hit[..., None]
+        out, lse = gather_forward(q.masked_fill(hit, 0), k.masked_fill(bad, 0), v.masked_fill(bad, 0), plan, scale)
         acc = lse.dtype
-        for bi, hi in rows_hit.any(-1).nonzero().tolist():
-            rows = rows_hit[bi, hi].nonzero()[:, 0]
+        for bi, hi in nonfinite.hit.any(-1).nonzero().tolist():
+            rows = nonfinite.hit[bi, hi].nonzero()[:, 0]
             o, l = _exact_rows(q[bi, hi, rows].to(acc), k[bi, hi].to(acc), v[bi, hi].to(acc),
                                _row_mask(plan, hi, rows, q.shape[2]), scale)
             out[bi, hi, rows], lse[bi, hi, rows] = o.to(out.dtype), l
@@ -301,23 +338,20 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per call, the kernel backward with the joint (out, lse): exact joint-softmax
     gradients (each call's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones).
-    Rows that attend a non-finite key (see ``_nonfinite``) are left out of the
-    calls (zero dO, out and lse: they add nothing) and differentiated exactly
-    on their own."""
-    nonfinite = _nonfinite(k, v, plan)
+    Rows a non-finite input reaches (see ``_nonfinite``) are left out of the
+    calls (zero q, dO, out and lse: they add exactly 0) and differentiated
+    exactly on their own."""
+    nonfinite = _nonfinite(q, k, v, plan, do)
     if nonfinite is not None:
-        bad, rows_hit = nonfinite
-        hit = rows_hit[..., None]
-        grads = gather_backward(do.masked_fill(hit, 0), q, k.masked_fill(bad[..., None], 0),
-                                v.masked_fill(bad[..., None], 0), out.masked_fill(hit, 0), lse.masked_fill(rows_hit, 0),
+        bad, hit = nonfinite.keys[..., None], nonfinite.hit[..., None]
+        grads = gather_backward(do.masked_fill(hit, 0), q.masked_fill(hit, 0), k.masked_fill(bad, 0),
+                                v.masked_fill(bad, 0), out.masked_fill(hit, 0), lse.masked_fill(nonfinite.hit, 0),
                                 plan, scale)
         dq, dk, dv = (g.clone() for g in grads)
-        for bi, hi in rows_hit.any(-1).nonzero().tolist():
-            rows = rows_hit[bi, hi].nonzero()[:, 0]
-            with torch.enable_grad():
-                qr, kr, vr = (t.detach().double().requires_grad_() for t in (q[bi, hi, rows], k[bi, hi], v[bi, hi]))
-                o, _ = _exact_rows(qr, kr, vr, _row_mask(plan, hi, rows, q.shape[2]), scale)
-                gq, gk, gv = torch.autograd.grad(o, (qr, kr, vr), do[bi, hi, rows].double())
+        for bi, hi in nonfinite.hit.any(-1).nonzero().tolist():
+            rows = nonfinite.hit[bi, hi].nonzero()[:, 0]
+            gq, gk, gv = _exact_grads(*(t.double() for t in (do[bi, hi, rows], q[bi, hi, rows], k[bi, hi], v[bi, hi])),
+                                      _row_mask(plan, hi, rows, q.shape[2]), scale)
             dq[bi, hi, rows] += gq.to(dq.dtype)
             dk[bi, hi] += gk.to(dk.dtype)
             dv[bi, hi] += gv.to(dv.dtype)

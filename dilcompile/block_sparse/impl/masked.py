@@ -1,7 +1,8 @@
 """``masked_matmul``: a product summed over allowed pairs only, even when an
 operand is not finite — a plain matmul's 0 · NaN is NaN, which would spread
-one NaN to every row. The reference (forward and backward) and the gather
-backend's exact path for rows that attend non-finite keys share it."""
+one NaN to every row — and ``masked_attention_backward``, the softmax
+attention backward built on it. The reference and the gather backend's exact
+path for rows touched by a non-finite input share them."""
 
 from __future__ import annotations
 
@@ -25,3 +26,19 @@ def masked_matmul(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
     rest = torch.where(finite, 0, b)[..., cols, :]  # (..., J, D)
     terms = a[..., cols, None] * rest[..., None, :, :]  # (..., R, J, D)
     return out + torch.where(mask[..., cols, None], terms, 0).sum(-2)
+
+
+def masked_attention_backward(q: Tensor, k: Tensor, v: Tensor, p: Tensor, mask: Tensor, do: Tensor,
+                              scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of out = P·V, P = softmax over allowed pairs of q·kᵀ·scale:
+    q (..., R, D), k, v (..., N, D), p (..., R, N) (0 on forbidden pairs), mask
+    bool broadcastable to p, do (..., R, D) → dq (..., R, D), dk, dv (..., N, D).
+    Every product sums over allowed pairs only, so a non-finite query, key,
+    value or upstream gradient reaches the gradients its row's pairs reach and
+    no others (autograd through plain matmuls would carry 0 · NaN to all)."""
+    mask = mask.expand(p.shape)
+    mask_t = mask.transpose(-1, -2)
+    dv = masked_matmul(p.transpose(-1, -2), do, mask_t)
+    pdp = torch.where(mask, p * (do @ v.transpose(-1, -2)), 0)  # P ∘ dP on allowed pairs
+    ds = torch.where(mask, pdp - p * pdp.sum(-1, keepdim=True), 0) * scale  # softmax backward
+    return masked_matmul(ds, k, mask), masked_matmul(ds.transpose(-1, -2), q, mask_t), dv
