@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .masked import masked_matmul
+from .masked import masked_attention_backward, masked_matmul
 
 
 def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -38,12 +38,5 @@ class _Reference(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, p, mask = ctx.saved_tensors
-        mask = mask.expand(p.shape)  # (B, H, N, N)
-        mask_t = mask.transpose(-1, -2)
-        do = grad_out.double()
-        dv = masked_matmul(p.transpose(-1, -2), do, mask_t)
-        pdp = torch.where(mask, p * (do @ v.transpose(-1, -2)), 0)  # P ∘ dP on allowed pairs
-        ds = torch.where(mask, pdp - p * pdp.sum(-1, keepdim=True), 0) * ctx.scale  # softmax backward
-        dq = masked_matmul(ds, k, mask)
-        dk = masked_matmul(ds.transpose(-1, -2), q, mask_t)
+        dq, dk, dv = masked_attention_backward(q, k, v, p, mask, grad_out.double(), ctx.scale)
         return *(g.to(dtype) for g, dtype in zip((dq, dk, dv), ctx.dtypes)), None, None
