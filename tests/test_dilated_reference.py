@@ -1,4 +1,4 @@
-"""The reference is the spec: check it against DESIGN.md computed the long way
+"""The reference is the spec: check it against docs/design.md computed the long way
 (per branch, per head, per segment, then the LSE merge formula), written
 without the geometry module."""
 

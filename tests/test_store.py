@@ -16,7 +16,7 @@ from dilcompile.store import schema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# DESIGN.md "Run store": the columns the runs view must expose.
+# docs/design.md "Run store": the columns the runs view must expose.
 DESIGN_COLUMNS = """run_id started_at sweep_id variant impl mode compiled pass device device_kind dtype batch
 seq_len heads head_dim causal config latency_ms latency_p20_ms latency_p80_ms tokens_per_s useful_tflops efficiency
 peak_mem_bytes compile_s graph_breaks recompiles energy_j avg_power_w telemetry_status status error torch_version

@@ -107,7 +107,7 @@ def multiplicity(parts: tuple[Part, ...], num_heads: int, n: int, causal: bool, 
 
 def nnz(parts: tuple[Part, ...], num_heads: int, n: int, causal: bool) -> int:
     """Attended (head, query, key) triples with multiplicity, in closed form
-    (no N×N mask), for the useful-FLOP count of DESIGN.md."""
+    (no N×N mask), for the useful-FLOP count of docs/design.md."""
     total = 0
     for part in parts:
         heads = part.h1 - part.h0

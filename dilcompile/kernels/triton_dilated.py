@@ -5,7 +5,7 @@ head). It walks the branches in order; for branch (w, r) the head's kept rows
 of the tile (``(pos mod w) mod r == offset``) attend to the same-residue keys
 of their segment, which are loaded with stride ``r`` straight from k and v (no
 gather copy). All branches feed one online softmax, so a key reached by two
-branches is counted twice — the multiplicity form of DESIGN.md — and the merge
+branches is counted twice — the multiplicity form of docs/design.md — and the merge
 across branches costs nothing extra.
 
 Backward is two launches, FlashAttention-2 style: ``_dq_kernel`` mirrors the

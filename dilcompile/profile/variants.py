@@ -1,5 +1,5 @@
 """The variant registry: each variant builds a callable and its inputs for a
-:class:`Point` and counts the call's useful FLOPs (DESIGN.md "Useful FLOPs").
+:class:`Point` and counts the call's useful FLOPs (docs/design.md "Useful FLOPs").
 
 Variants from other packages (``multihead``, ``block-sparse:<spec>``) import
 them only when built, so a missing package is a one-line error for that
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .point import Point
 
-BWD_FACTOR = 2.5  # DESIGN.md: backward = 2.5 × forward
+BWD_FACTOR = 2.5  # docs/design.md: backward = 2.5 × forward
 
 
 class UnknownVariant(ValueError):

@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS measurements (
     latency_p80_ms      DOUBLE,
     latency_min_ms      DOUBLE,
     tokens_per_s        DOUBLE,             -- batch * seq_len / median
-    useful_flops        DOUBLE,             -- per call, DESIGN.md "Useful FLOPs"
+    useful_flops        DOUBLE,             -- per call, docs/design.md "Useful FLOPs"
     useful_tflops       DOUBLE,             -- useful TFLOP/s at the median
     efficiency          DOUBLE,             -- η: useful FLOP/s ÷ dense SDPA FLOP/s in the same sweep
     peak_mem_bytes      BIGINT,             -- CUDA max allocated growth; CPU peak RSS growth
