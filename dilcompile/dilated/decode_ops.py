@@ -11,6 +11,7 @@ from torch import Tensor
 from ..numerics import accumulator_dtype
 from .geometry import plan_parts
 from .impl.decode import decode_backward, decode_forward
+from .ops import register_dilated_autograd
 
 
 @torch.library.custom_op("dilcompile::dilated_decode_fwd", mutates_args=())
@@ -46,20 +47,4 @@ def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mo
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-    ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = dilated_decode_bwd(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_padding_mask)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-dilated_decode_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_dilated_autograd(dilated_decode_fwd, dilated_decode_bwd)
