@@ -36,3 +36,18 @@ def assert_within_low_precision_budget(out: Tensor, plain: Tensor, ref: Tensor, 
     ours, plains = max_err(out, ref), max_err(plain, ref)
     floor = 4 * torch.finfo(out.dtype).eps * ref.abs().max().item()
     assert ours <= factor * plains + floor, f"error {ours:.3e} > {factor} × plain error {plains:.3e} (+{floor:.1e})"
+
+
+def assert_forward_and_gradients_within_budget(out: Tensor, plain: Tensor, ref: Tensor, low: list[Tensor],
+                                               plain_in: list[Tensor], ref_in: list[Tensor]) -> None:
+    """The low-precision rule on an output and on its input gradients: ``out``
+    from the inputs ``low``, ``plain`` (the plain implementation, same dtype)
+    from ``plain_in``, ``ref`` (float64) from ``ref_in``; one random upstream
+    gradient for all three."""
+    assert_within_low_precision_budget(out, plain, ref)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(out, low, grad.to(out.dtype))
+    want = torch.autograd.grad(ref, ref_in, grad)
+    plain_grads = torch.autograd.grad(plain, plain_in, grad.to(plain.dtype))
+    for g, p, w in zip(got, plain_grads, want):
+        assert_within_low_precision_budget(g, p, w)
