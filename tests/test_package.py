@@ -9,12 +9,9 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -23,6 +20,7 @@ import torch
 
 from dilcompile import compiler
 from dilcompile.compiler import passes
+from dilcompile.testing.dashboard import dashboard_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dilcompile"
@@ -382,12 +380,6 @@ def test_cache_key_changes_when_a_hashed_file_changes_and_is_computed_once(tmp_p
 
 # -- the wheel -------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, a --target folder it is installed into, without dependencies)."""
@@ -440,27 +432,5 @@ def test_dashboard_starts_from_the_installed_wheel(installed_wheel, tmp_path):
     """, cwd=tmp_path, env={**env, "DILCOMPILE_DB": str(db)}, timeout=300)
     assert "Nothing to show yet" in out and str(db) in out  # the overview page ran, on the empty store
 
-    port = _free_port()
-    log = open(tmp_path / "server.log", "w+")
-    server = subprocess.Popen([sys.executable, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port)],
-                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.status == 200 and r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            log.seek(0)
-            assert server.poll() is None and time.monotonic() < deadline, log.read()[-3000:]
-            time.sleep(0.5)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    with dashboard_server(db, cwd=tmp_path, env=env, timeout=90):
+        pass  # up: /_stcore/health answered "ok" from the server the installed wheel started

@@ -7,14 +7,11 @@ Set DILCOMPILE_SCREENSHOTS=<folder> to keep a full-page PNG of every page.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from dilcompile.testing.dashboard import dashboard_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("DILCOMPILE_CHROMIUM", "/usr/bin/chromium")
@@ -31,42 +28,13 @@ def _need_browser():
                         "(in the test extra: pip install -e '.[test]')")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(sweep_db, tmp_path):
     _need_browser()
-    port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "TMPDIR": str(tmp_path), "DILCOMPILE_REFERENCE_RUNS": str(tmp_path / "none")}
-    log = open(tmp_path / "dashboard.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dilcompile", "dashboard", "--db", sweep_db, "--port", str(port)],
-                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"the dashboard did not come up on {url}:\n{log.read()}")
-        time.sleep(0.25)  # polling for the server, not pacing the test
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with dashboard_server(sweep_db, cwd=tmp_path, env=env) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _settle(page, title: str) -> None:

@@ -12,53 +12,23 @@ from __future__ import annotations
 import base64
 import os
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from dilcompile.testing.dashboard import dashboard_server
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def port(sweep_db, tmp_path_factory):
     pytest.importorskip("streamlit")
     tmp = tmp_path_factory.mktemp("server")
-    port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "TMPDIR": str(tmp)}
-    log = open(tmp / "dashboard.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dilcompile", "dashboard", "--db", sweep_db, "--port", str(port),
-                             "--allowed-host", "dash.example"], cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"the dashboard did not come up on port {port}:\n{log.read()}")
-        time.sleep(0.25)  # polling for the server
-    yield port
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with dashboard_server(sweep_db, cwd=tmp, env=env, extra_args=("--allowed-host", "dash.example")) as port:
+        yield port
 
 
 def _websocket_status(port: int, host: str, origin: str | None) -> int:
