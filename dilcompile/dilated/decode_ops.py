@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..numerics import accumulator_dtype
-from .geometry import plan_parts
+from .geometry import op_parts
 from .impl.decode import decode_backward, decode_forward
 from .ops import register_dilated_autograd
 
@@ -20,7 +20,7 @@ def dilated_decode_fwd(
     mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """q (B, H, Nq, D) at the last Nq of the Nk positions of k, v → merged out (B, H, Nq, D), lse (B, H, Nq)."""
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    parts = op_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
     out, lse = decode_forward(q, k, v, parts, causal, scale, key_padding_mask)
     return out.contiguous(), lse.contiguous()
 
@@ -36,7 +36,7 @@ def dilated_decode_bwd(
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    parts = op_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
     grads = decode_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_padding_mask)
     return tuple(g.contiguous() for g in grads)
 

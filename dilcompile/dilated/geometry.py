@@ -16,7 +16,7 @@ over the union of keys counted with multiplicity.
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +79,11 @@ def plan_parts(
     else:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return tuple(parts)
+
+
+# The op bodies (eager code, outside Dynamo's trace) plan the same config on every
+# call — per layer and per generated token when decoding: keep the last configs.
+op_parts = functools.lru_cache(maxsize=64)(plan_parts)
 
 
 def part_mask(part: Part, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..numerics import accumulator_dtype
-from .geometry import plan_parts
+from .geometry import op_parts
 from .impl.sdpa import dilated_backward, dilated_forward
 
 
@@ -20,7 +20,7 @@ def dilated_fwd(
     mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention (before the groups-mode 1/m): out (B, H, N, D), lse (B, H, N)."""
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    parts = op_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
     return dilated_forward(q, k, v, parts, causal, scale, key_padding_mask)
 
 
@@ -37,7 +37,7 @@ def dilated_bwd(
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
+    parts = op_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
     return dilated_backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_padding_mask)
 
 
