@@ -38,6 +38,7 @@ from dilcompile.dilated.geometry import plan_parts  # noqa: E402
 from dilcompile.dilated.impl.decode import pieces  # noqa: E402
 from dilcompile.profile import env as _env  # noqa: E402
 from dilcompile.profile.measure import percentile  # noqa: E402
+from dilcompile.profile.runner import utc_now  # noqa: E402
 from dilcompile.store import DEFAULT_DB, RunWriter  # noqa: E402
 
 LONGNET = dict(segments=(2048, 4096, 8192, 16384, 32768), rates=(1, 2, 4, 6, 12))
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
 
     device = torch.device("cpu")
     sweep_id = uuid.uuid4().hex
-    now = _now()
+    now = utc_now()
     writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
                                  "sweep_name": "bench_decode", "tag": None, "spec": json.dumps(cfg | LONGNET),
                                  **_env.capture(device)})
@@ -127,10 +128,11 @@ def main(argv=None) -> int:
     table = []
     base_ms = {c: statistics.median(times[(c, sizes[0])]) for c in (False, True)}
     for n in sizes:
-        flops = 4 * HEAD_DIM * attended_keys(n)
+        keys = attended_keys(n)
+        flops = 4 * HEAD_DIM * keys
         eager = row("dilated-decode", n, False, times[(False, n)], flops)
         comp = row("dilated-decode", n, True, times[(True, n)], flops, compile_s=compile_s, recompiles=recompiles)
-        table.append([n, attended_keys(n), eager["latency_ms"], comp["latency_ms"],
+        table.append([n, keys, eager["latency_ms"], comp["latency_ms"],
                       eager["latency_ms"] / base_ms[False], comp["latency_ms"] / base_ms[True], None])
     rec = row("dilated-recompute", n_r, False, recompute, 4 * HEAD_DIM * attended_keys(n_r) * n_r)
     speedup = rec["latency_ms"] / statistics.median(decode_at_r)
@@ -146,12 +148,6 @@ def main(argv=None) -> int:
     print(json.dumps({"bench": "decode", "rows": [dict(zip(names, t)) for t in table], "speedup": speedup,
                       "recompiles": recompiles, "sweep_id": sweep_id}))
     return 0
-
-
-def _now():
-    import datetime as dt
-
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 if __name__ == "__main__":

@@ -119,11 +119,12 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
                          "function (or hold it on the module) and pass it in")
     # A block as long as the sequence holds all of it: a larger one only pads
     # (the gather backend's masks grow as block_size²).
+    block_size = min(block_size, n)
     if not torch.compiler.is_compiling():  # the op's own functions, without its dispatch (see ops)
-        return ops.gather_eager(q, k, v, pattern._structure, pattern._numbers, causal, float(scale),
-                                min(block_size, n), needs_grad)
+        return ops.gather_eager(q, k, v, pattern._structure, pattern._numbers, causal, float(scale), block_size,
+                                needs_grad)
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
-                                                   float(scale), min(block_size, n))
+                                                   float(scale), block_size)
     return out
 
 

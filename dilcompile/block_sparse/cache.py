@@ -43,10 +43,6 @@ def op_plan(structure: str, numbers: tuple, causal: bool, num_heads: int, n: int
     arguments themselves, so a cached call resolves no pattern: rebuilding it
     (``from_template``, ``causal``, ``with_heads``) costs 80–700 µs of Python."""
     key = ("op", structure, numbers, causal, num_heads, n, block_size, device)
-    plan = _entries.get(key)
-    if plan is not None:
-        _entries.move_to_end(key)
-        return plan
 
     def build():
         pattern = from_template(structure, numbers)

@@ -10,7 +10,7 @@ registered as opaque ``custom_op`` s.
 
 This module imports triton, so nothing imports it at ``import dilcompile``:
 ``dilated_attention(..., impl="triton")`` and the CUDA lowering import it on
-first use (``ops.triton_ops()``); under ``torch.compile`` that happens while
+first use (``api.load_triton_ops()``); under ``torch.compile`` that happens while
 Dynamo traces the call, before the op enters the graph.
 """
 

@@ -236,7 +236,7 @@ def _nonfinite(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, do: Tensor | N
     calls run with these keys and rows zeroed and the rows are computed
     exactly on their own (``_exact_rows``, ``_exact_grads``)."""
     inputs = (q, k, v) if do is None else (q, k, v, do)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     # A sum is finite only if every term is (an overflow of finite terms just
     # takes the row check below): one sum per input and one sync — several
     # times cheaper than an isfinite pass, which the finite case never runs.

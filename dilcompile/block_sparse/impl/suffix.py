@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...numerics import accumulator_dtype
+from ...numerics import softmax_attention_forward
 from ...patterns import Pattern
 
 
@@ -30,13 +30,10 @@ def suffix_masked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, s
                             block_size: int) -> Tensor:
     """q (B, H, Nq, D), k, v (B, H, Nk, D); ``pattern`` bound to H heads (causal
     already applied) → (B, H, Nq, D) in q.dtype."""
-    acc = accumulator_dtype(q.dtype)
     nq, nk = q.shape[2], k.shape[2]
     keys = candidate_keys(pattern, nq, nk, block_size, q.device)
     h = torch.arange(q.shape[1], device=q.device)[:, None, None]
     q_idx = torch.arange(nk - nq, nk, device=q.device)[None, :, None]
     zero = torch.zeros((), dtype=torch.int64, device=q.device)
     allowed = pattern.mask_mod(zero, h, q_idx, keys[None, None, :])  # (H or 1, Nq, K)
-    s = (q.to(acc) @ k[:, :, keys].to(acc).transpose(-1, -2)) * scale  # (B, H, Nq, K)
-    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # empty row → 0
-    return (p @ v[:, :, keys].to(acc)).to(q.dtype)
+    return softmax_attention_forward(q, k[:, :, keys], v[:, :, keys], scale, allowed)[0]  # empty row → 0

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ...numerics import accumulator_dtype
+from ...numerics import accumulator_dtype, finite_or_zero
 from ..geometry import Part
 
 
@@ -61,10 +61,6 @@ def _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mas
     return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
 
 
-def _finite(x: Tensor) -> Tensor:
-    return torch.where(x.isfinite(), x, torch.zeros_like(x))
-
-
 def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
                    key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq ≤ Nk → out (B, H, Nq, D) in
@@ -79,12 +75,12 @@ def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], cau
         for rows, keys, q_pos, k_pos in pieces(part, nq, nk):
             s = _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask)
             piece_lse = torch.logsumexp(s, dim=-1)
-            p = (s - _finite(piece_lse)[..., None]).exp()  # masked keys: exp(−inf) = 0
+            p = (s - finite_or_zero(piece_lse)[..., None]).exp()  # masked keys: exp(−inf) = 0
             piece_out = p @ v[:, part.h0 : part.h1, keys].to(acc)
             lses[part.layer, :, part.h0 : part.h1, rows] = piece_lse
             results.append((part, rows, piece_out, piece_lse))
     lse = torch.logsumexp(lses, dim=0)  # (B, H, Nq)
-    finite = _finite(lse)
+    finite = finite_or_zero(lse)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     for part, rows, piece_out, piece_lse in results:
         weight = (piece_lse - finite[:, part.h0 : part.h1, rows]).exp()  # 0 where the piece has no key
@@ -104,7 +100,7 @@ def decode_backward(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Ten
     delta = (do * out.to(acc)).sum(-1)  # (B, H, Nq)
     if grad_lse is not None:
         delta = delta - grad_lse.to(acc)
-    finite = _finite(lse.to(acc))
+    finite = finite_or_zero(lse.to(acc))
     for part in parts:
         h = slice(part.h0, part.h1)
         for rows, keys, q_pos, k_pos in pieces(part, nq, nk):
