@@ -10,8 +10,9 @@ views of k and v, never copies of the sequence, so a query costs
 costs nothing (its offset test is integer arithmetic on Python ints).
 
 Each piece is an explicit softmax in the accumulator dtype (float32, float64
-for float64 inputs); the pieces are merged by their log-sum-exp exactly as the
-full-length path merges its parts (counted with multiplicity). The backward
+for float64 inputs), folded into the rows it covers by the shared log-sum-exp
+merge (``numerics.merge_into``), as the full-length path merges its parts
+(counted with multiplicity). The backward
 recomputes each piece's scores against the *merged* lse, so it is the exact
 gradient of the joint softmax, merge weights and lse gradient included.
 
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ...numerics import accumulator_dtype, finite_or_zero
+from ...numerics import accumulator_dtype, finite_or_zero, merge_into
 from ..geometry import Part
 
 
@@ -68,23 +69,16 @@ def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], cau
     groups-mode 1/m). Rows nothing covers: out 0, lse −inf."""
     acc = accumulator_dtype(q.dtype)
     nq, nk = q.shape[2], k.shape[2]
-    num_layers = 1 + max(p.layer for p in parts)
-    lses = torch.full((num_layers, *q.shape[:-1]), float("-inf"), dtype=acc, device=q.device)  # (L, B, H, Nq)
-    results = []  # (part, rows, out (B, heads, nq', D), lse (B, heads, nq'))
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, Nq)
     for part in parts:
+        h = slice(part.h0, part.h1)
         for rows, keys, q_pos, k_pos in pieces(part, nq, nk):
             s = _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mask)
             piece_lse = torch.logsumexp(s, dim=-1)
             p = (s - finite_or_zero(piece_lse)[..., None]).exp()  # masked keys: exp(−inf) = 0
-            piece_out = p @ v[:, part.h0 : part.h1, keys].to(acc)
-            lses[part.layer, :, part.h0 : part.h1, rows] = piece_lse
-            results.append((part, rows, piece_out, piece_lse))
-    lse = torch.logsumexp(lses, dim=0)  # (B, H, Nq)
-    finite = finite_or_zero(lse)
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
-    for part, rows, piece_out, piece_lse in results:
-        weight = (piece_lse - finite[:, part.h0 : part.h1, rows]).exp()  # 0 where the piece has no key
-        out[:, part.h0 : part.h1, rows] += piece_out * weight[..., None]
+            # rows and h are slices: the merge writes through views of out and lse
+            merge_into(out[:, h, rows], lse[:, h, rows], p @ v[:, h, keys].to(acc), piece_lse)
     return out.to(q.dtype), lse
 
 
