@@ -117,14 +117,15 @@ class MultiheadAttentionBase(nn.Module):
     # -- shared machinery ------------------------------------------------------------------------
     def _check(self, query, key, value, key_padding_mask, need_weights, is_causal, cache=None, layer_idx=0,
                start_pos=0) -> None:
+        weight = self.qkv_proj.weight.dtype
         for name, t in (("query", query), ("key", key), ("value", value)):
+            if name != "query" and t is query:  # self-attention: one tensor, checked once
+                continue
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, E), got {type(t).__name__}")
             if t.dim() != 3 or t.shape[-1] != self.embed_dim:
                 raise ValueError(f"{name} must have shape (B, N, embed_dim={self.embed_dim}) (batch first), "
                                  f"got {tuple(t.shape)}")
-        weight = self.qkv_proj.weight.dtype
-        for name, t in (("query", query), ("key", key), ("value", value)):
             if not t.is_floating_point():
                 raise TypeError(f"{name} has dtype {t.dtype}; pass floating-point inputs of the parameters' "
                                 f"dtype {weight} (e.g. {name}.to({weight}))")
