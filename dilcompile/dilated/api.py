@@ -9,12 +9,9 @@ from torch import Tensor
 
 from ..checks import check_bool, check_qkv, softmax_scale
 from ..kernels import backend_for
-from ..numerics import accumulator_dtype
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from .config import IMPLS, check_branches
-from .geometry import plan_parts
-from .impl.reference import dilated_reference
-from .suffix import suffix_attention
+from .suffix import reference_attention, suffix_attention
 
 # Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
 # is first used, by load_triton_ops().
@@ -114,13 +111,10 @@ def dilated_attention(
     _check_key_padding_mask(key_padding_mask, k)
     chosen = choose_impl(q, impl)
 
-    if q.shape[2] != k.shape[2]:
+    if chosen == "reference":  # any Nq ≤ Nk
+        out, lse = reference_attention(q, k, v, segments, rates, mode, causal, float(scale), key_padding_mask)
+    elif q.shape[2] != k.shape[2]:
         out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, float(scale), key_padding_mask, chosen)
-    elif chosen == "reference":
-        parts = plan_parts(q.shape[1], segments, rates, mode)
-        out, lse = dilated_reference(q, k, v, parts, causal, float(scale), key_padding_mask)
-        out = out.to(q.dtype)
-        lse = lse.to(accumulator_dtype(q.dtype))
     elif chosen == "triton":
         out, lse = torch.ops.dilcompile.dilated_triton_fwd(
             q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask

@@ -32,16 +32,23 @@ def _left_pad(q: Tensor, rows: int) -> Tensor:
     return torch.cat([q.new_zeros(*q.shape[:2], rows, q.shape[3]), q], dim=2)
 
 
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
+                        mode: str, causal: bool, scale: float,
+                        key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The float64 oracle for q (B, H, Nq, D) against k, v (B, H, Nk, D), Nq ≤ Nk:
+    the full-length reference on q left-padded to Nk, its last Nq rows →
+    out (B, H, Nq, D) in q.dtype, lse (B, H, Nq) in the accumulator dtype."""
+    nq, nk = q.shape[2], k.shape[2]
+    parts = plan_parts(q.shape[1], segments, rates, mode)
+    out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
+    return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(accumulator_dtype(q.dtype))
+
+
 def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...], mode: str,
                      causal: bool, scale: float, key_padding_mask: Tensor | None, impl: str) -> tuple[Tensor, Tensor]:
     """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq < Nk → merged out (B, H, Nq, D)
-    in q.dtype and lse (B, H, Nq); ``impl`` as resolved by the API."""
+    in q.dtype and lse (B, H, Nq); ``impl`` ("sdpa" or "triton") as resolved by the API."""
     nq, nk = q.shape[2], k.shape[2]
-    if impl == "reference":
-        parts = plan_parts(q.shape[1], segments, rates, mode)
-        out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
-        lse_dtype = accumulator_dtype(q.dtype)
-        return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(lse_dtype)
     args = (list(segments), list(rates), mode, causal, scale)
     if nq <= DECODE_MAX_QUERIES:
         return torch.ops.dilcompile.dilated_decode_fwd(q, k, v, *args, key_padding_mask)
