@@ -77,13 +77,14 @@ def test_sweep_file_values_are_usage_errors(tmp_path, capsys, body, expected):
     assert not os.path.exists(db)
 
 
-@pytest.mark.parametrize("sql", ["", "   ", "-- just a comment", "/* nothing */", "SELEC 1"])
-def test_query_without_a_statement_is_a_usage_error(tmp_path, capsys, sql):
+@pytest.mark.parametrize("sql, says", [("", "SQL is empty"), ("   ", "SQL is empty"), ("-- just a comment", "SQL is empty"),
+                                       ("/* nothing */", "SQL is empty"), ("SELEC 1", "syntax error")])
+def test_query_without_a_statement_is_a_usage_error(tmp_path, capsys, sql, says):
     from dilcompile import store
 
     db = str(tmp_path / "runs.duckdb")
     store.connect(db).close()
-    _usage_error(capsys, ["query", sql, "--db", db])
+    assert says in _usage_error(capsys, ["query", sql, "--db", db])
 
 
 @pytest.mark.parametrize("address", ["256.1.1.1", "no-such-host.invalid"])
