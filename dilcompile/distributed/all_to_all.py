@@ -1,4 +1,5 @@
-"""Sequence-parallel dilated attention: compute on one rank, given its shard.
+"""The ``"all_to_all"`` transport of sequence-parallel dilated attention:
+compute on one rank, given its shard.
 
 Forward: one ``all_to_all_single`` brings each rank the dilated K/V rows of
 the segments it shares with other ranks (only those rows, only from those
@@ -12,7 +13,7 @@ fetched rows go back to their owners in one reverse ``all_to_all_single`` (a
 reduce-scatter within each segment's ranks), summed there in float32/64.
 Every rank issues exactly one collective per direction, in the same order,
 whatever its plan (a rank with nothing to move sends and receives 0 elements).
-This is the ``"all_to_all"`` transport; ``stream.py`` moves the same rows in
+This is the ``"all_to_all"`` transport; ``ring.py`` moves the same rows in
 point-to-point rounds.
 """
 
@@ -23,25 +24,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels import attention_backward, attention_forward
-from ..numerics import accumulator_dtype, merge_into
-from .plan import Body, Edge, Exchange, shard_bounds, split_sizes
-
-
-def _view(x: Tensor, piece: Body | Edge, shard_start: int) -> Tensor:
-    """Rows of ``piece`` in shard tensor ``x`` (B, H, L, *rest): body →
-    (B, heads, segments, rows, *rest); edge → (B, heads, rows, *rest)."""
-    part = piece.part
-    heads = x[:, part.h0 : part.h1]
-    if isinstance(piece, Body):
-        segments = (piece.hi - piece.lo) // piece.segment
-        grouped = heads[:, :, piece.lo : piece.hi].unflatten(2, (segments, piece.segment))
-        return grouped[:, :, :, part.offset :: part.rate]
-    return heads[:, :, piece.queries.local(shard_start)]
-
-
-def _dense(view: Tensor, piece: Body | Edge) -> Tensor:
-    """A piece view as the contiguous (B, heads·segments, rows, *rest) the kernel takes."""
-    return (view.flatten(1, 2) if isinstance(piece, Body) else view).contiguous()
+from ..numerics import accumulator_dtype
+from .plan import Body, Exchange, shard_bounds, split_sizes
+from .rows import add_rows, dense, merge, piece_view, rows_for
 
 
 def _blocks(piece, k_rows: Tensor, v_rows: Tensor, remote, causal: bool):
@@ -75,31 +60,6 @@ def fetch(k: Tensor, v: Tensor, exchange: Exchange, rank: int, group) -> Tensor:
     return recv
 
 
-def rows_for(k: Tensor, v: Tensor, exchange: Exchange, dst: int, s: int, e: int) -> Tensor:
-    """Flat K/V rows of the shard ``[s, e)`` that rank ``dst`` requested, in request order."""
-    chunks = [k.new_empty(0)]
-    for req in exchange.plans[dst].requests:
-        span = req.rows(s, e)
-        if span.count:
-            rows = span.local(s)
-            chunks += [k[:, req.h0 : req.h1, rows].reshape(-1), v[:, req.h0 : req.h1, rows].reshape(-1)]
-    return torch.cat(chunks)
-
-
-def add_rows(flat: Tensor, dk: Tensor, dv: Tensor, exchange: Exchange, dst: int, s: int, e: int) -> Tensor:
-    """Inverse of :func:`rows_for` for gradients: add ``flat``'s rows into
-    dk, dv (B, H, L, D) of the shard ``[s, e)``; returns what is left of ``flat``."""
-    b, _, _, d = dk.shape
-    for req in exchange.plans[dst].requests:
-        span = req.rows(s, e)
-        if span.count:
-            size, rows = b * (req.h1 - req.h0) * span.count * d, span.local(s)
-            for grad in (dk, dv):
-                grad[:, req.h0 : req.h1, rows] += flat[:size].view(b, req.h1 - req.h0, span.count, d)
-                flat = flat[size:]
-    return flat
-
-
 def unpack(recv: Tensor, exchange: Exchange, rank: int, batch: int, head_dim: int) -> list[tuple[Tensor, Tensor]]:
     """Per request of ``rank``: (keys, values), each (B, heads, rows, D), rows
     in position order (sources are concatenated in rank order)."""
@@ -115,7 +75,7 @@ def unpack(recv: Tensor, exchange: Exchange, rank: int, batch: int, head_dim: in
     return [(torch.cat(kk, dim=2), torch.cat(vv, dim=2)) for kk, vv in got]
 
 
-def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: float, group):
+def all_to_all_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: float, group):
     """out (B, H, L, D) in q.dtype, lse (B, H, L) float32/64, recv (flat K/V rows fetched)."""
     s = shard_bounds(exchange.shard_lengths)[rank][0]
     recv = fetch(k, v, exchange, rank, group)
@@ -124,20 +84,15 @@ def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: fl
     out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, L, D)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, L)
     for piece in exchange.plans[rank].pieces:
-        ov, lv = _view(out, piece, s), _view(lse, piece, s)
-        q_ = _dense(_view(q, piece, s), piece)
-        k_, v_ = (_dense(_view(t, piece, s), piece) for t in (k, v))
+        ov, lv = piece_view(out, piece, s), piece_view(lse, piece, s)
+        q_ = dense(piece_view(q, piece, s), piece)
+        k_, v_ = (dense(piece_view(t, piece, s), piece) for t in (k, v))
         for keys, values, block_causal, _ in _blocks(piece, k_, v_, remote, causal):
             merge(ov, lv, *attention_forward(q_, keys, values, block_causal, scale))
     return out.to(q.dtype), lse, recv
 
 
-def merge(ov: Tensor, lv: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
-    """Fold one key block's attention into the running (out, lse) views of its rows, in place."""
-    merge_into(ov, lv, block_out.view(ov.shape), block_lse.view(lv.shape))
-
-
-def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float, group):
+def all_to_all_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float, group):
     """(dq, dk, dv) of the shard, including the gradients other ranks computed
     for this shard's rows."""
     b, _, _, d = q.shape
@@ -147,9 +102,9 @@ def ring_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: i
     dq, dk, dv = (torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3))
     remote_grads = [tuple(torch.zeros(t.shape, dtype=acc, device=q.device) for t in pair) for pair in remote]
     for piece in exchange.plans[rank].pieces:
-        do_, q_, k_, v_, o_ = (_dense(_view(t, piece, s), piece) for t in (grad_out, q, k, v, out))
-        l_ = _dense(_view(lse, piece, s), piece)
-        dq_v, dk_v, dv_v = (_view(t, piece, s) for t in (dq, dk, dv))
+        do_, q_, k_, v_, o_ = (dense(piece_view(t, piece, s), piece) for t in (grad_out, q, k, v, out))
+        l_ = dense(piece_view(lse, piece, s), piece)
+        dq_v, dk_v, dv_v = (piece_view(t, piece, s) for t in (dq, dk, dv))
         for keys, values, block_causal, where in _blocks(piece, k_, v_, remote, causal):
             dq_b, dk_b, dv_b = attention_backward(do_, q_, keys, values, o_, l_, block_causal, scale)
             dq_v += dq_b.view(dq_v.shape)

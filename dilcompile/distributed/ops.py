@@ -21,8 +21,8 @@ from torch import Tensor
 from ..dilated.geometry import plan_parts
 from ..numerics import accumulator_dtype
 from .plan import choose_transport, plan_exchange, split_sizes
+from .all_to_all import all_to_all_backward, all_to_all_forward
 from .ring import ring_backward, ring_forward
-from .stream import stream_backward, stream_forward
 
 
 def _group(name: str):
@@ -88,7 +88,7 @@ def ring_dilated_fwd(
     group = _group(group_name)
     lengths = gather_shard_lengths(q, shard_lengths, group)
     exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, lengths, transport)
-    forward = stream_forward if chosen == "ring" else ring_forward
+    forward = ring_forward if chosen == "ring" else all_to_all_forward
     out, lse, recv = forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
     return out, lse, recv, torch.tensor(lengths, dtype=torch.int64)
 
@@ -121,8 +121,8 @@ def ring_dilated_bwd(
     exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, shards, transport)
     rank = dist.get_rank(group)
     if chosen == "ring":
-        return stream_backward(grad_out, q, k, v, out, lse, exchange, rank, causal, scale, group)
-    return ring_backward(grad_out, q, k, v, out, lse, recv, exchange, rank, causal, scale, group)
+        return ring_backward(grad_out, q, k, v, out, lse, exchange, rank, causal, scale, group)
+    return all_to_all_backward(grad_out, q, k, v, out, lse, recv, exchange, rank, causal, scale, group)
 
 
 @ring_dilated_bwd.register_fake

@@ -16,8 +16,8 @@ For a part (see ``dilcompile.dilated.geometry``) with segment length ``w``
   ``s`` (held by earlier ranks) and, unless causal, after ``e`` (later ranks)
   are fetched — only the dilated rows, only from the ranks sharing the segment.
 
-Each fetch is a :class:`Request`; a transport (``ring.py``: one all-to-all;
-``stream.py``: point-to-point rounds) moves all requests of a call.
+Each fetch is a :class:`Request`; a transport (``all_to_all.py``: one
+all-to-all; ``ring.py``: point-to-point rounds) moves all requests of a call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``"ring"`` transport: the same exchange as ``ring.py``, streamed.
+"""The ``"ring"`` transport: the same exchange as ``all_to_all.py``, streamed.
 
 For a long, weakly dilated branch (w ≫ L, small r) the rows a rank fetches
 (about w/r per head) can outweigh its own shard; fetching them in one
@@ -29,7 +29,7 @@ from torch import Tensor
 from ..kernels import attention_backward, attention_forward
 from ..numerics import accumulator_dtype
 from .plan import Edge, Exchange, shard_bounds
-from .ring import _dense, _view, add_rows, merge, rows_for
+from .rows import add_rows, dense, merge, piece_view, rows_for
 
 
 def _post(send: Tensor, dst: int, recv: Tensor, src: int, group, tag: int) -> list:
@@ -93,16 +93,16 @@ def _owners(exchange: Exchange, rank: int) -> dict[int, int]:
     return owners
 
 
-def stream_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: float, group):
-    """As ``ring_forward`` (out, lse, and an empty stand-in for the fetched rows)."""
+def ring_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: float, group):
+    """As ``all_to_all_forward`` (out, lse, and an empty stand-in for the fetched rows)."""
     s = shard_bounds(exchange.shard_lengths)[rank][0]
     acc = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, L, D)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, H, L)
     pieces = exchange.plans[rank].pieces
-    views = [(_view(out, p, s), _view(lse, p, s), _dense(_view(q, p, s), p)) for p in pieces]
+    views = [(piece_view(out, p, s), piece_view(lse, p, s), dense(piece_view(q, p, s), p)) for p in pieces]
     for piece, (ov, lv, q_) in zip(pieces, views):  # the shard's own rows: no communication
-        k_, v_ = (_dense(_view(t, piece, s), piece) for t in (k, v))
+        k_, v_ = (dense(piece_view(t, piece, s), piece) for t in (k, v))
         merge(ov, lv, *attention_forward(q_, k_, v_, causal, scale))
     owners = _owners(exchange, rank)
     for _, chunks in _Rounds(k, v, exchange, rank, group, tag=0):
@@ -113,19 +113,19 @@ def stream_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, scale: 
     return out.to(q.dtype), lse, k.new_empty(0)
 
 
-def stream_backward(grad_out, q, k, v, out, lse, exchange: Exchange, rank: int, causal: bool, scale: float, group):
-    """As ``ring_backward``, re-streaming the K/V rows round by round."""
+def ring_backward(grad_out, q, k, v, out, lse, exchange: Exchange, rank: int, causal: bool, scale: float, group):
+    """As ``all_to_all_backward``, re-streaming the K/V rows round by round."""
     s, e = shard_bounds(exchange.shard_lengths)[rank]
     b, _, _, d = q.shape
     acc = accumulator_dtype(q.dtype)
     dq, dk, dv = (torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3))
     pieces = exchange.plans[rank].pieces
-    dense = [[_dense(_view(t, p, s), p) for t in (grad_out, q, out, lse)] for p in pieces]
-    for piece, (do_, q_, o_, l_) in zip(pieces, dense):
-        k_, v_ = (_dense(_view(t, piece, s), piece) for t in (k, v))
+    inputs = [[dense(piece_view(t, p, s), p) for t in (grad_out, q, out, lse)] for p in pieces]
+    for piece, (do_, q_, o_, l_) in zip(pieces, inputs):
+        k_, v_ = (dense(piece_view(t, piece, s), piece) for t in (k, v))
         dq_b, dk_b, dv_b = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale)
         for grad, g in zip((dq, dk, dv), (dq_b, dk_b, dv_b)):
-            view = _view(grad, piece, s)
+            view = piece_view(grad, piece, s)
             view += g.view(view.shape)
     owners = _owners(exchange, rank)
     world = len(exchange.plans)
@@ -133,9 +133,9 @@ def stream_backward(grad_out, q, k, v, out, lse, exchange: Exchange, rank: int, 
         grads = [dk.new_empty(0)]
         for i, keys, values in chunks:
             piece = pieces[owners[i]]
-            do_, q_, o_, l_ = dense[owners[i]]
+            do_, q_, o_, l_ = inputs[owners[i]]
             dq_b, dk_b, dv_b = attention_backward(do_, q_, keys, values, o_, l_, False, scale)
-            view = _view(dq, piece, s)
+            view = piece_view(dq, piece, s)
             view += dq_b.view(view.shape)
             grads += [dk_b.to(acc).reshape(-1), dv_b.to(acc).reshape(-1)]
         chunks = keys = values = None  # drop this round's rows before the next one arrives
