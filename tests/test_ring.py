@@ -338,3 +338,20 @@ def test_world_size_one_on_cuda_tensors_matches_reference_with_gradients(backend
                 assert_within_low_precision_budget(got, p, want)
     finally:
         dist.destroy_process_group()
+
+
+def test_packed_input_is_refused_with_what_to_do_instead():
+    q = torch.randn(1, 2, 8, 4)
+    cu_seqlens = torch.tensor([0, 3, 8], dtype=torch.int32)
+    kw = dict(segment_lengths=(4,), dilation_rates=(1,), cu_seqlens=cu_seqlens)
+    with pytest.raises(ValueError, match=r"packed \(varlen\) input.*per document.*dilated_attention"):
+        ring_dilated_attention(q, q, q, **kw)  # no process group: the packed input is what is named
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="cu_seqlens=None"):
+            ring_dilated_attention(q, q, q, **kw)
+        with pytest.raises(ValueError, match="cu_seqlens=None"):
+            ring_dilated_attention(q, q, q, **{**kw, "cu_seqlens": [0, 8]})
+        ring_dilated_attention(q, q, q, segment_lengths=(4,), dilation_rates=(1,), cu_seqlens=None)
+    finally:
+        dist.destroy_process_group()

@@ -13,6 +13,13 @@ from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
 from .plan import TRANSPORTS
 
 
+PACKED_UNSUPPORTED = (
+    "ring_dilated_attention does not support packed (varlen) input: pass cu_seqlens=None. Shard each document "
+    "on its own (one call per document, every rank passing its shard of it), or run "
+    "dilcompile.dilated_attention(q, k, v, cu_seqlens=..., ...) on one device"
+)
+
+
 def resolve_group(group):
     """``group`` or the default group; raises if torch.distributed is not initialised."""
     if not dist.is_available() or not dist.is_initialized():
@@ -50,6 +57,7 @@ def ring_dilated_attention(
     scale: float | None = None,
     shard_lengths=None,
     transport: str = "auto",
+    cu_seqlens=None,
 ) -> Tensor:
     """Sequence-parallel dilated attention on this rank's shard.
 
@@ -76,10 +84,17 @@ def ring_dilated_attention(
             time, re-streamed in the backward; "auto": "ring" when some rank
             would fetch more K/V than its own shard holds (long, weakly dilated
             branches), else "all_to_all". Results are identical.
+        cu_seqlens: must be None. Packed (varlen) input — several documents
+            concatenated, with their boundaries in ``cu_seqlens`` — is not
+            supported across ranks (ValueError): call once per document (each
+            rank passing its shard of it), or use ``dilated_attention(...,
+            cu_seqlens=...)`` on one device.
 
     Returns:
         out (B, H, L_p, D) in q.dtype.
     """
+    if cu_seqlens is not None:
+        raise ValueError(PACKED_UNSUPPORTED)
     check_qkv(q, k, v, "ring dilated attention")
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     check_bool("causal", causal)

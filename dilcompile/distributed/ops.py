@@ -5,7 +5,8 @@ one opaque node per call. The process group travels by name (a custom op
 cannot take a ``ProcessGroup``), as in ``torch.distributed._functional_collectives``.
 
 Every rank's shard length is learned in the forward by one tiny all-gather
-(``gather_shard_lengths``), inside the op, so it runs eagerly even under
+(``agreement.gather_and_check``, which also checks that every rank was called
+with the same configuration), inside the op, so it runs eagerly even under
 ``torch.compile``; the lengths come back as a small int64 tensor that the
 backward reads, so the backward exchanges nothing extra and nothing is cached
 across calls."""
@@ -20,46 +21,14 @@ from torch import Tensor
 
 from ..dilated.geometry import plan_parts
 from ..numerics import accumulator_dtype
-from .plan import choose_transport, plan_exchange, split_sizes
+from .agreement import config_row, gather_and_check
 from .all_to_all import all_to_all_backward, all_to_all_forward
+from .plan import choose_transport, plan_exchange, split_sizes
 from .ring import ring_backward, ring_forward
 
 
 def _group(name: str):
     return dist.distributed_c10d._resolve_process_group(name)
-
-
-def gather_shard_lengths(q: Tensor, claimed: list[int], group) -> tuple[int, ...]:
-    """Every rank's shard length, from one all-gather of (1 + P) int64 per rank.
-
-    Each rank sends its own length and the ``shard_lengths`` it was given
-    (``claimed``; empty: none, sent as -1). Every rank then sees every claim,
-    so a wrong one raises ValueError on all ranks alike, before any other
-    collective is issued (no rank is left waiting in one).
-    """
-    world = dist.get_world_size(group)
-    mine = torch.full((1 + world,), -1, dtype=torch.int64)
-    mine[0] = q.shape[2]
-    if claimed:
-        mine[1:] = torch.tensor(claimed, dtype=torch.int64)
-    # On q's device: the group's backend (NCCL) may only move device tensors.
-    mine = mine.to(q.device)
-    table = mine.new_empty(world * (1 + world))
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(table, mine, group=group)
-    table = table.view(world, 1 + world).tolist()
-    lengths = tuple(row[0] for row in table)
-    wrong = [r for r, row in enumerate(table) if row[1] != -1 and tuple(row[1:]) != lengths]
-    if wrong:
-        r = wrong[0]
-        claim = tuple(table[r][1:])
-        i = next(i for i, (a, b) in enumerate(zip(claim, lengths)) if a != b)
-        raise ValueError(
-            f"shard_lengths[{i}] = {claim[i]} on rank {r}, but rank {i}'s q shard has {lengths[i]} positions "
-            f"(all shards: {lengths}); pass every rank's shard length in rank order, or shard_lengths=None "
-            "to have them gathered"
-        )
-    return lengths
 
 
 def _exchange(q: Tensor, segment_lengths, dilation_rates, mode, causal, shard_lengths, transport):
@@ -86,7 +55,8 @@ def ring_dilated_fwd(
     length (P,) int64 (CPU), gathered here. ``shard_lengths``: the caller's
     claim, checked against the gathered lengths; [] for none."""
     group = _group(group_name)
-    lengths = gather_shard_lengths(q, shard_lengths, group)
+    config = config_row(q, segment_lengths, dilation_rates, mode, causal, scale, transport)
+    lengths = gather_and_check(q, config, shard_lengths, group)
     exchange, chosen = _exchange(q, segment_lengths, dilation_rates, mode, causal, lengths, transport)
     forward = ring_forward if chosen == "ring" else all_to_all_forward
     out, lse, recv = forward(q, k, v, exchange, dist.get_rank(group), causal, scale, group)
