@@ -23,7 +23,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/dilcompile profile --sweep scripts/sweeps/quick.toml --db runs/dilcompile.duckdb
+	$(BIN)/dilcompile profile --sweep quick --db runs/dilcompile.duckdb
 	@echo "opening the dashboard at http://127.0.0.1:$(PORT) (Ctrl+C stops it)"
 	$(BIN)/dilcompile dashboard --db runs/dilcompile.duckdb --port $(PORT)
 

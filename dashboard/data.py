@@ -220,7 +220,7 @@ def read_sql(snapshot: str, sql: str, params=None):
 
 def how_to_add(db: str) -> str:
     """Markdown: the commands that put runs where the dashboard looks."""
-    return (f"Record runs into the store with `dilcompile profile --db {db} --sweep scripts/sweeps/<name>.toml` "
+    return (f"Record runs into the store with `dilcompile profile --db {db} --sweep quick` "
             f"(or `--variant sdpa --variant dilated --seq-len 4096 ...`), then reload this page. "
             "Share runs as Parquet with `dilcompile runs export runs/<machine>-<date> --db ...`; "
             "folders committed under `runs/` are the reference runs shown when the store is empty.")

@@ -1,7 +1,7 @@
 """The pieces of scripts/gpu_harvest.sh that are easier in Python.
 
     python scripts/gpu_harvest.py sweep --dtype bfloat16 --db DB [--device cuda] [--tag T]
-        the standard sweep (scripts/sweeps/standard.toml) restricted to one dtype,
+        the standard sweep (dilcompile/profile/sweeps/standard.toml) restricted to one dtype,
         with the harvest's shorter timing window (see docs/gpu.md)
     python scripts/gpu_harvest.py summary DIR
         one line about a folder written by `dilcompile runs export`
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STANDARD = ROOT / "scripts" / "sweeps" / "standard.toml"
+STANDARD = ROOT / "dilcompile" / "profile" / "sweeps" / "standard.toml"
 # What comes back from a GPU machine (docs/gpu.md): at most this many files per call,
 # each at most this big, at most OUT_DIR/a/b/file deep, names of these characters only.
 MAX_FILES, MAX_BYTES, MAX_DEPTH = 8, 16 * 2**20, 3

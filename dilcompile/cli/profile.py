@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..profile.sweep import standard_sweeps
 from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, add_shape, fail, grid_from_flags, result_table
 
 PROG = "dilcompile profile"
@@ -13,7 +14,8 @@ PROG = "dilcompile profile"
 def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure variants (a TOML sweep or flags) into the run store",
                        description="Measure attention variants; every point becomes a row of the run store.")
-    p.add_argument("--sweep", metavar="FILE", help="a TOML sweep file (standard ones: scripts/sweeps/)")
+    p.add_argument("--sweep", metavar="NAME|FILE",
+                   help=f"a standard sweep by name ({', '.join(standard_sweeps())}) or a TOML sweep file")
     add_shape(p)
     p.add_argument("--warmup", type=int, help="untimed calls per point (default 2, or the sweep file's)")
     p.add_argument("--repeats", type=int, help="timed calls per point, at most (default 20)")
@@ -33,11 +35,11 @@ def build_spec(args):
     device = str(resolve_device(args.device))
     if args.sweep:
         if args.variant or args.seq_len:
-            raise ValueError("give either --sweep FILE or --variant/--seq-len flags, not both")
+            raise ValueError("give either --sweep NAME|FILE or --variant/--seq-len flags, not both")
         spec = load(args.sweep, device, tag=args.tag)
     else:
         if not args.variant or not args.seq_len:
-            raise ValueError("give --sweep FILE, or at least one --variant and one --seq-len")
+            raise ValueError("give --sweep NAME|FILE (e.g. --sweep quick), or at least one --variant and one --seq-len")
         doc = {"name": "adhoc", "grid": [grid_from_flags(args, args.seq_len)]}
         spec = from_dict(doc, device, tag=args.tag)
     overrides = {k: v for k, v in (("warmup", args.warmup), ("repeats", args.repeats), ("max_time_s", args.max_time))

@@ -1,5 +1,8 @@
-"""Sweep specs: a TOML file (standard ones in ``scripts/sweeps/``) or CLI flags
-expanded into :class:`Point` s.
+"""Sweep specs: a TOML file or CLI flags expanded into :class:`Point` s.
+
+The standard sweeps ship with the package (``dilcompile/profile/sweeps/``)
+and are named without a path: ``--sweep quick`` (:func:`standard_sweeps`
+lists them); anything with a ``/`` or a ``.toml`` suffix is a file.
 
 A sweep file::
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 import tomllib
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,16 +134,39 @@ def from_dict(doc: dict, device: str, name: str = "adhoc", tag: str | None = Non
                      tag=tag if tag is not None else doc.get("tag"), source=doc)
 
 
-def load(path: str | Path, device: str, tag: str | None = None) -> SweepSpec:
-    path = Path(path)
+def standard_sweeps() -> tuple[str, ...]:
+    """Names of the sweeps that ship with the package (``--sweep NAME``)."""
+    folder = resources.files(__package__) / "sweeps"
+    return tuple(sorted(f.name.removesuffix(".toml") for f in folder.iterdir() if f.name.endswith(".toml")))
+
+
+def is_sweep_name(text: str) -> bool:
+    """A bare name (no folder, no ``.toml``) names a standard sweep; anything else is a path."""
+    return "/" not in text and "\\" not in text and not text.endswith(".toml")
+
+
+def _read_standard(name: str) -> str:
+    names = standard_sweeps()
+    if name not in names:
+        raise ValueError(f"no standard sweep named {name!r}; the standard sweeps are {', '.join(names)} "
+                         "(or pass a path to a TOML sweep file, e.g. ./my_sweep.toml)")
+    return (resources.files(__package__) / "sweeps" / f"{name}.toml").read_text()
+
+
+def load(sweep: str | Path, device: str, tag: str | None = None) -> SweepSpec:
+    """The sweep named ``sweep`` (a standard sweep such as ``"quick"``) or the TOML file at that path."""
+    if isinstance(sweep, str) and is_sweep_name(sweep):
+        return from_dict(tomllib.loads(_read_standard(sweep)), device, name=sweep, tag=tag)
+    path = Path(sweep)
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"sweep file {str(path)!r} not found; standard sweeps are in scripts/sweeps/") from None
+        raise ValueError(f"sweep file {str(path)!r} not found; the standard sweeps are named without a path: "
+                         f"{', '.join(standard_sweeps())}") from None
     except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, not text
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValueError(f"cannot read sweep file {str(path)!r} ({reason}); pass a TOML file such as "
-                         "scripts/sweeps/quick.toml") from None
+        raise ValueError(f"cannot read sweep file {str(path)!r} ({reason}); pass a TOML file, or the name of "
+                         f"a standard sweep ({', '.join(standard_sweeps())})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
     return from_dict(doc, device, name=path.stem, tag=tag)
