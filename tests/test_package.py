@@ -30,11 +30,14 @@ HEAVY = ("torch._dynamo", "torch._inductor", "triton", "duckdb", "streamlit", "p
          "dilcompile.kernels.triton_dilated")
 
 
-def _python(code: str, cwd=ROOT, env=None, timeout=120) -> str:
-    """Run ``code`` in a fresh interpreter with this checkout first on the path; its stdout."""
-    env = {**os.environ, **(env or {})}
-    env.setdefault("PYTHONPATH", str(ROOT))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
+def _python(code: str, cwd=ROOT, env=None, timeout=120, python: str = sys.executable) -> str:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path
+    (unless ``env`` sets PYTHONPATH); its stdout. With another ``python`` (a
+    venv's), ``env`` is the whole environment."""
+    if python == sys.executable:
+        env = {**os.environ, **(env or {})}
+        env.setdefault("PYTHONPATH", str(ROOT))
+    done = subprocess.run([python, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -387,10 +390,10 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"  # a copy: the build writes build/ and *.egg-info next to pyproject.toml
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copyfile(ROOT / name, source / name)
-    for name in (PACKAGE, "dashboard"):
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in (PACKAGE, "dashboard", "runs"):  # runs/: only its committed Parquet goes in (package data)
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.duckdb*"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(pip + ["wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist")],
                    check=True, capture_output=True, timeout=300)
@@ -434,3 +437,114 @@ def test_dashboard_starts_from_the_installed_wheel(installed_wheel, tmp_path):
 
     with dashboard_server(db, cwd=tmp_path, env=env, timeout=90):
         pass  # up: /_stcore/health answered "ok" from the server the installed wheel started
+
+
+def test_wheel_carries_the_license_the_standard_sweeps_and_the_reference_runs(installed_wheel):
+    wheel, _ = installed_wheel
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    headers = archive.read(metadata).decode()
+    assert "License-Expression: BSD-3-Clause" in headers and "License-File: LICENSE" in headers
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    for sweep in (ROOT / PACKAGE / "profile" / "sweeps").glob("*.toml"):
+        assert f"{PACKAGE}/profile/sweeps/{sweep.name}" in names
+    runs = {f"{PACKAGE}/runs/" + p.relative_to(ROOT / "runs").as_posix() for p in (ROOT / "runs").rglob("*.parquet")}
+    assert runs and runs <= names, sorted(runs - names)
+    assert not [n for n in names if n.endswith((".duckdb", ".wal"))]  # a local store never ships
+
+
+def test_standard_sweeps_are_named_and_a_path_still_works(tmp_path):
+    from dilcompile.cli import build_parser
+    from dilcompile.profile.sweep import load, standard_sweeps
+
+    assert standard_sweeps() == ("quick", "standard")
+    by_name = load("quick", "cpu")
+    by_path = load(str(ROOT / PACKAGE / "profile" / "sweeps" / "quick.toml"), "cpu")
+    assert by_name.name == "quick" and by_name.points == by_path.points and len(by_name.points) == 15
+    with pytest.raises(ValueError, match="no standard sweep named 'quik'; the standard sweeps are quick, standard"):
+        load("quik", "cpu")
+    own = tmp_path / "quick.toml"  # a file of the same name is read as a file when given as a path
+    own.write_text('[[grid]]\nvariant = "sdpa"\nseq_len = 16\n')
+    assert [p.seq_len for p in load(str(own), "cpu").points] == [16]
+    with pytest.raises(ValueError, match="not found; the standard sweeps are named without a path: quick"):
+        load(str(tmp_path / "missing.toml"), "cpu")
+    profile_help = build_parser()._subparsers._group_actions[0].choices["profile"].format_help()
+    assert "quick, standard" in profile_help
+
+
+def _outside_env(tmp: Path, **extra) -> dict:
+    """A user's environment away from the checkout: nothing of it on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "DILCOMPILE_DB", "DILCOMPILE_REFERENCE_RUNS")}
+    return {**env, "TMPDIR": str(tmp), **extra}
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(installed_wheel, tmp_path_factory) -> Path:
+    """A fresh venv outside the checkout with the wheel pip-installed (no
+    dependencies): this interpreter's packages (torch, duckdb, streamlit, ...)
+    come after the venv's own through a plain path line, so ``dilcompile``
+    can only be the wheel's (the checkout's editable hook is not run)."""
+    wheel, _ = installed_wheel
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    where = "import json, sysconfig; print(json.dumps([sysconfig.get_path('purelib'), sysconfig.get_path('platlib')]))"
+    venv_site = json.loads(subprocess.check_output([str(python), "-c", where], text=True))[0]
+    ours = dict.fromkeys(json.loads(subprocess.check_output([sys.executable, "-c", where], text=True)))
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python", str(python),
+                    "install", "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=300,
+                   env=_outside_env(venv.parent))
+    # After the install: pip would take the checkout's editable dist-info there for this very package.
+    Path(venv_site, "test-dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
+    return venv
+
+
+def test_quick_sweep_runs_from_the_wheel_in_a_venv_outside_the_checkout(wheel_venv, tmp_path):
+    from dilcompile.profile.sweep import load
+
+    env = _outside_env(tmp_path)
+    where = subprocess.run([str(wheel_venv / "bin" / "python"), "-c", "import dilcompile; print(dilcompile.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert where.stdout.startswith(str(wheel_venv)), (where.stdout, where.stderr[-2000:])
+    db = tmp_path / "runs.duckdb"
+    # The packaged sweep, by name; one timed call per point keeps it to about 20 s on 2 CPU cores.
+    argv = [str(wheel_venv / "bin" / "dilcompile"), "profile", "--sweep", "quick", "--db", str(db), "--warmup", "0",
+            "--repeats", "1", "--max-time", "0.01", "--no-progress", "--json"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["profile"]
+    assert [r["status"] for r in rows] == ["ok"] * len(load("quick", "cpu").points), done.stdout[-3000:]
+    assert {r["variant"] for r in rows} == {"sdpa", "dilated", "dilated-groups", "block-sparse:local_window(window=256)"}
+    query = [str(wheel_venv / "bin" / "dilcompile"), "query", "SELECT DISTINCT sweep_name, status FROM runs",
+             "--db", str(db), "--format", "json"]
+    stored = subprocess.run(query, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert stored.returncode == 0, stored.stderr[-2000:]
+    assert [json.loads(line) for line in stored.stdout.splitlines()] == [{"sweep_name": "quick", "status": "ok"}]
+
+
+def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs(wheel_venv, tmp_path):
+    pytest.importorskip("streamlit", reason="the dashboard needs streamlit: pip install 'dilcompile[dashboard]'")
+    pytest.importorskip("plotly", reason="the dashboard needs plotly: pip install 'dilcompile[dashboard]'")
+    duckdb = pytest.importorskip("duckdb", reason="the run store needs duckdb: pip install 'dilcompile[store]'")
+    with duckdb.connect() as con:
+        measured = con.execute(f"SELECT count(*) FROM read_parquet('{ROOT}/runs/*/measurements.parquet')").fetchone()[0]
+    db = tmp_path / "missing.duckdb"  # no store: the dashboard falls back to the runs the wheel carries
+    env = _outside_env(tmp_path, DILCOMPILE_DB=str(db))
+    python = str(wheel_venv / "bin" / "python")
+    out = _python("""
+        import json, dilcompile, dilcompile.cli.dashboard as cli
+        from streamlit.testing.v1 import AppTest
+        at = AppTest.from_file(str(cli.app_path()), default_timeout=120).run()
+        assert not at.exception, [e.value for e in at.exception]
+        print(json.dumps({"app": str(cli.app_path()), "package": dilcompile.__file__,
+                          "info": [i.value for i in at.info], "metrics": {m.label: m.value for m in at.metric}}))
+    """, cwd=tmp_path, env=env, timeout=300, python=python)
+    shown = json.loads(out.strip().splitlines()[-1])
+    assert shown["app"].startswith(str(wheel_venv)) and shown["package"].startswith(str(wheel_venv)), shown
+    assert "Showing the reference runs" in shown["info"][0], shown["info"]
+    assert shown["metrics"]["runs"] == str(measured), (shown["metrics"], measured)
+
+    with dashboard_server(db, cwd=tmp_path, env=env, timeout=90, python=python):
+        pass  # up: /_stcore/health answered "ok" from the server the venv's wheel started

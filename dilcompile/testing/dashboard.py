@@ -19,14 +19,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def dashboard_server(db, *, cwd: Path, env: dict, extra_args=(), timeout: float = 120.0):
+def dashboard_server(db, *, cwd: Path, env: dict, extra_args=(), timeout: float = 120.0,
+                     python: str = sys.executable):
     """Run ``python -m dilcompile dashboard --db db`` on a free port in ``cwd``
-    with ``env``; yields the port once ``/_stcore/health`` answers ``ok``.
-    A server that exits or does not answer within ``timeout`` seconds fails
-    with its log."""
+    with ``env`` (``python``: this interpreter, or another such as a venv's);
+    yields the port once ``/_stcore/health`` answers ``ok``. A server that
+    exits or does not answer within ``timeout`` seconds fails with its log."""
     port = free_port()
     with open(Path(cwd) / "dashboard.log", "w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port),
+        proc = subprocess.Popen([python, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port),
                                  *extra_args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout
