@@ -548,3 +548,18 @@ def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs(wh
 
     with dashboard_server(db, cwd=tmp_path, env=env, timeout=90, python=python):
         pass  # up: /_stcore/health answered "ok" from the server the venv's wheel started
+
+
+def test_command_help_says_what_the_tool_does_lists_every_command_and_shows_an_example(capsys):
+    from dilcompile.cli import SUBCOMMANDS, main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[2].startswith("Measure exact long-context attention")
+    assert "subcommand lives" not in text and "``" not in text  # no developer docstring
+    for module in SUBCOMMANDS:
+        name = module.__name__.rpartition(".")[2]
+        assert re.search(rf"^    {name} +\S", text, re.M), (name, text)  # name and its help on one line
+    assert "dilcompile profile --sweep quick" in text and "dilcompile dashboard" in text

@@ -1,5 +1,6 @@
-"""The ``dilcompile`` command. Each subcommand lives in its own module with
-``add_parser(subparsers)`` that sets ``func`` on its parser."""
+"""The ``dilcompile`` command: ``build_parser`` assembles one subcommand per
+module (``add_parser(subparsers)`` sets ``func`` on its parser); ``DESCRIPTION``
+and ``EXAMPLES`` are what ``dilcompile --help`` shows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ from . import dashboard, maxlen, profile, query, runs
 
 SUBCOMMANDS = [profile, query, runs, maxlen, dashboard]
 
+DESCRIPTION = """\
+Measure exact long-context attention (dense SDPA, LongNet dilated, block-sparse)
+on this machine and look at the results. Every measurement (latency, memory,
+compile cost, useful FLOP/s and η against dense attention, the environment)
+becomes a row of a DuckDB run store (default runs/dilcompile.duckdb)."""
+
+EXAMPLES = """\
+examples:
+  dilcompile profile --sweep quick          # the standard short sweep on this device
+  dilcompile profile --variant sdpa --variant dilated --seq-len 8192 --segments 1024 2048 --rates 1 2
+  dilcompile query "SELECT variant, seq_len, latency_ms, efficiency FROM runs"
+  dilcompile dashboard                      # http://127.0.0.1:8501
+
+'dilcompile COMMAND --help' gives each command's flags. The attention itself is
+the Python API of the dilcompile package (LongNet: https://arxiv.org/abs/2307.02486)."""
+
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors are one line (no usage dump), exit code 2."""
@@ -18,9 +35,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Description and examples as written; every command's help in one column
+    (argparse sizes that column before it indents the commands, so the longest
+    name, "dashboard", would wrap)."""
+
+    def __init__(self, prog):
+        super().__init__(prog)
+        self._action_max_length = 2 + 4 + max(len(m.__name__.rpartition(".")[2]) for m in SUBCOMMANDS)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dilcompile", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="dilcompile", description=DESCRIPTION, epilog=EXAMPLES,
+                     formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     return parser
