@@ -12,13 +12,15 @@ from ._version import __version__
 from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
 from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
 from .distributed import RingDilatedAttention, ring_dilated_attention
-from .factory import create_dilated_attention, create_multihead_dilated_attention
+from .factory import (create_attention, create_dilated_attention, create_multihead_attention,
+                      create_multihead_dilated_attention)
 from .multihead import MultiheadAttentionBase, MultiheadDilatedAttention
 
 __all__ = [
     "DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__",
     "MultiheadAttentionBase", "MultiheadDilatedAttention",
-    "create_dilated_attention", "create_multihead_dilated_attention",
+    "create_attention", "create_multihead_attention",
+    "create_dilated_attention", "create_multihead_dilated_attention",  # deprecated aliases of the two above
     "RingDilatedAttention", "ring_dilated_attention",
     "BlockSparseAttention", "MultiheadBlockSparseAttention", "block_sparse_attention",
 ]

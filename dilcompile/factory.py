@@ -1,7 +1,10 @@
 """One factory over every attention kind, with one config vocabulary.
 
-    create_dilated_attention(kind, **config)            -> (B, H, N, D) module
-    create_multihead_dilated_attention(kind, **config)  -> (B, N, E) module, nn.MultiheadAttention call shape
+    create_attention(kind, **config)            -> (B, H, N, D) module
+    create_multihead_attention(kind, **config)  -> (B, N, E) module, nn.MultiheadAttention call shape
+
+(``create_dilated_attention`` and ``create_multihead_dilated_attention`` are
+their former names, kept as deprecated aliases: the kinds are not all dilated.)
 
 The config keys are the same for every kind (a kind rejects, by name, the keys
 it does not take): ``segment_lengths``, ``dilation_rates``, ``causal``,
@@ -14,7 +17,8 @@ Input *hints* — ``seq_len``, ``num_heads``, ``head_dim``, ``dtype``,
 Kinds live in a registry (:func:`register_kind`); adding one is one call.
 A kind's measured runs are the run store's rows whose ``variant`` (the
 profiler's name, :mod:`dilcompile.profile.variants`) is the kind's name, or
-starts with ``<kind>:``.
+starts with ``<kind>:``; the built-in names that both registries use are
+spelled once, in :mod:`dilcompile.variant_names`.
 Registered: ``"dilated"``, ``"dilated-groups"``, ``"block-sparse"`` (config key
 ``pattern``: a ``dilcompile.patterns`` pattern or spec string) and ``"ring"``
 (sequence-parallel dilated attention on each rank's shard; only with an
@@ -25,8 +29,9 @@ registered kinds that compute the requested attention (``pattern`` given →
 block-sparse; otherwise dilated with ``mode``, default "longnet") and can serve
 the input, and among their backends (``impl``):
 
-1. **Measured**: if the run store (``runs/dilcompile.duckdb``, view ``runs``)
-   has ``status='ok'`` rows for this device, dtype, seq_len, heads, head_dim
+1. **Measured**: if the run store (``store=``, a path; default the store's
+   own default, ``runs/dilcompile.duckdb`` under the working directory; read
+   through :mod:`dilcompile.store`, view ``runs``) has ``status='ok'`` rows for this device, dtype, seq_len, heads, head_dim
    (and causal, pass and segment config where recorded) for a candidate, the
    (kind, impl) with the lowest measured median latency wins.
 2. **Rule** otherwise (no file, no view, no matching rows, or no seq_len
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +61,10 @@ from .dilated.config import IMPLS
 from .distributed import RingDilatedAttention, RingMultiheadDilatedAttention
 from .kernels import backend_for
 from .multihead import MultiheadDilatedAttention
+from .variant_names import BLOCK_SPARSE, DILATED, DILATED_GROUPS
 
-DEFAULT_STORE = Path("runs/dilcompile.duckdb")
+# How long "auto" waits for a store another process holds (a sweep holds it one point at a time).
+STORE_TIMEOUT_S = 10.0
 HINTS = ("seq_len", "num_heads", "head_dim", "dtype", "device", "training")
 
 
@@ -127,8 +135,8 @@ def _dilated_kind(kind: str, mode: str) -> Kind:
                    impls=lambda: tuple(i for i in IMPLS if i != "reference"))
 
 
-register_kind(_dilated_kind("dilated", "longnet"))
-register_kind(_dilated_kind("dilated-groups", "groups"))
+register_kind(_dilated_kind(DILATED, "longnet"))
+register_kind(_dilated_kind(DILATED_GROUPS, "groups"))
 
 
 # -- block-sparse ---------------------------------------------------------------------------------
@@ -144,7 +152,7 @@ def _block_sparse_multihead(*, embed_dim, num_heads, pattern, dropout=0.0, bias=
                                          device=device, dtype=dtype)
 
 
-register_kind(Kind("block-sparse", "block-sparse", _block_sparse_attention, _block_sparse_multihead,
+register_kind(Kind(BLOCK_SPARSE, "block-sparse", _block_sparse_attention, _block_sparse_multihead,
                          impls=lambda: tuple(i for i in BLOCK_SPARSE_IMPLS if i != "reference")))
 
 
@@ -206,44 +214,43 @@ def device_name(device) -> str:
 
 
 def _measured(store: Path, hints: dict, config: dict, candidates: list[str]):
-    """Fastest measured (variant, impl, ms, rows) per candidate, or (None, why not)."""
-    if not store.exists():
-        return None, f"no run store at {store}"
+    """Fastest measured (variant, impl, ms, rows) per candidate, or (None, why not).
+    Read through :mod:`dilcompile.store` (its lock retries and damage checks)."""
+    from .store import StoreError, query  # the store (and duckdb) load only when "auto" reads it
+
     try:
         import duckdb
     except ImportError:
-        return None, "duckdb is not installed (pip install duckdb)"
+        return None, "duckdb is not installed (pip install 'dilcompile[store]')"
     try:
-        con = duckdb.connect(str(store), read_only=True)
-    except duckdb.Error as err:
-        return None, f"run store {store} cannot be opened read-only ({type(err).__name__}: {err})"
+        columns = {row[0] for row in query(store, "DESCRIBE runs", timeout=STORE_TIMEOUT_S)[1]}
+    except StoreError as err:  # no file, damaged, locked for longer than the timeout, too new
+        return None, f"run store {store} cannot be read ({err})" if store.exists() else f"no run store at {store}"
+    except duckdb.Error:
+        return None, f"run store {store} has no 'runs' view"
+    need = {"variant", "impl", "device", "dtype", "seq_len", "heads", "head_dim", "latency_ms", "status"}
+    if not need <= columns:
+        return None, f"'runs' in {store} lacks columns {sorted(need - columns)}"
+    dtype = str(_dtype(hints.get("dtype")) or torch.float32).removeprefix("torch.")
+    where = ["status = 'ok'", "latency_ms IS NOT NULL", "device = ?", "dtype IN (?, ?)", "seq_len = ?",
+             "heads = ?", "head_dim = ?"]
+    args = [device_name(hints.get("device") or "cpu"), dtype, f"torch.{dtype}", hints["seq_len"],
+            hints["num_heads"], hints["head_dim"]]
+    if "causal" in columns and "causal" in config:
+        where.append("causal = ?")
+        args.append(bool(config["causal"]))
+    if "pass" in columns:
+        where.append('"pass" = ?')
+        args.append("fwd_bwd" if hints.get("training") else "fwd")
+    where.append("(" + " OR ".join("variant = ? OR variant LIKE ?" for _ in candidates) + ")")
+    for kind in candidates:
+        args += [kind, f"{kind}:%"]
+    cfg = ", config" if "config" in columns else ", NULL"
     try:
-        try:
-            columns = {row[0] for row in con.execute("DESCRIBE runs").fetchall()}
-        except duckdb.Error:
-            return None, f"run store {store} has no 'runs' view"
-        need = {"variant", "impl", "device", "dtype", "seq_len", "heads", "head_dim", "latency_ms", "status"}
-        if not need <= columns:
-            return None, f"'runs' in {store} lacks columns {sorted(need - columns)}"
-        dtype = str(_dtype(hints.get("dtype")) or torch.float32).removeprefix("torch.")
-        where = ["status = 'ok'", "latency_ms IS NOT NULL", "device = ?", "dtype IN (?, ?)", "seq_len = ?",
-                 "heads = ?", "head_dim = ?"]
-        args = [device_name(hints.get("device") or "cpu"), dtype, f"torch.{dtype}", hints["seq_len"],
-                hints["num_heads"], hints["head_dim"]]
-        if "causal" in columns and "causal" in config:
-            where.append("causal = ?")
-            args.append(bool(config["causal"]))
-        if "pass" in columns:
-            where.append('"pass" = ?')
-            args.append("fwd_bwd" if hints.get("training") else "fwd")
-        where.append("(" + " OR ".join("variant = ? OR variant LIKE ?" for _ in candidates) + ")")
-        for kind in candidates:
-            args += [kind, f"{kind}:%"]
-        cfg = ", config" if "config" in columns else ", NULL"
-        rows = con.execute(f"SELECT variant, impl, latency_ms{cfg} FROM runs WHERE {' AND '.join(where)}",
-                           args).fetchall()
-    finally:
-        con.close()
+        _, rows = query(store, f"SELECT variant, impl, latency_ms{cfg} FROM runs WHERE {' AND '.join(where)}", args,
+                        timeout=STORE_TIMEOUT_S)
+    except StoreError as err:
+        return None, f"run store {store} cannot be read ({err})"
     best: dict[tuple[str, str], list] = {}
     for variant, impl, ms, cfg_text in rows:
         if not _same_branches(cfg_text, config):
@@ -283,10 +290,14 @@ def choose(config: dict, hints: dict, store: Path | str | None = None) -> Choice
     if not usable:
         raise ValueError(f"no kind computing {wanted!r} can serve this input: {'; '.join(refused)}")
     note = f" (not usable: {'; '.join(refused)})" if refused else ""
-    store = Path(store) if store is not None else DEFAULT_STORE
     if hints.get("seq_len") is None or hints.get("num_heads") is None or hints.get("head_dim") is None:
         measured, why = None, "no seq_len/num_heads/head_dim hints to match measured runs"
     else:
+        if store is None:
+            from .store import DEFAULT_DB  # the store loads only when "auto" reads it
+
+            store = DEFAULT_DB
+        store = Path(store)
         measured, why = _measured(store, hints, config, [v.name for v in usable])
     if measured:
         fixed = config.get("impl", "auto")  # an impl the caller named is kept
@@ -334,23 +345,40 @@ def _check_mode(kind: str, config: dict) -> None:
                          "drop mode or pick the matching kind")
 
 
-def create_dilated_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
+def create_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
     """A (B, H, N, D) attention module of ``kind`` ("auto" or one of :func:`kinds`).
-    Hints (seq_len, num_heads, head_dim, dtype, device, training) only steer "auto".
+    Hints (seq_len, num_heads, head_dim, dtype, device, training) only steer "auto",
+    which may read measured runs from ``store`` (a run-store path).
     With ``explain=True`` returns ``(module, Choice)``."""
     hints = {k: config.pop(k) for k in HINTS if k in config}
     _check_mode(kind, config)
     return _build("attention", kind, config, hints, explain, store)
 
 
-def create_multihead_dilated_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
+def create_multihead_attention(kind: str = "auto", *, explain: bool = False, store=None, **config):
     """A (B, N, E) multihead module of ``kind``; ``embed_dim`` and ``num_heads``
     are required. Hints (seq_len, training) only steer "auto"."""
     for key in ("embed_dim", "num_heads"):
         if key not in config:
-            raise TypeError(f"create_multihead_dilated_attention needs {key}=")
+            raise TypeError(f"create_multihead_attention needs {key}=")
     hints = {k: config.pop(k) for k in ("seq_len", "training") if k in config}
     hints.update(num_heads=config["num_heads"], head_dim=config["embed_dim"] // config["num_heads"],
                  dtype=config.get("dtype"), device=config.get("device") or "cpu")
     _check_mode(kind, config)
     return _build("multihead", kind, config, hints, explain, store)
+
+
+def _renamed(old: str, new):
+    """``old``: a deprecated alias of ``new`` that warns at each call site."""
+    def alias(*args, **kwargs):
+        warnings.warn(f"dilcompile.{old} is deprecated: use dilcompile.{new.__name__} (same arguments); it builds "
+                      "every kind, block-sparse included", DeprecationWarning, stacklevel=2)
+        return new(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = old
+    alias.__doc__ = f"Deprecated alias of :func:`{new.__name__}`."
+    return alias
+
+
+create_dilated_attention = _renamed("create_dilated_attention", create_attention)
+create_multihead_dilated_attention = _renamed("create_multihead_dilated_attention", create_multihead_attention)

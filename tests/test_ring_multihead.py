@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dilcompile import MultiheadDilatedAttention, compat, create_multihead_dilated_attention
+from dilcompile import MultiheadDilatedAttention, compat, create_multihead_attention
 from dilcompile.distributed import RingMultiheadDilatedAttention
 
 from test_ring import _free_port
@@ -51,7 +51,7 @@ def _multihead_errors(rank: int, causal: bool, lengths=LENGTHS) -> dict:
 
 
 def _factory_and_compat_errors(rank: int) -> dict:
-    mha = create_multihead_dilated_attention("auto", embed_dim=E, num_heads=H, segment_lengths=SEGMENTS,
+    mha = create_multihead_attention("auto", embed_dim=E, num_heads=H, segment_lengths=SEGMENTS,
                                              dilation_rates=RATES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..variant_names import BLOCK_SPARSE, DILATED, DILATED_GROUPS
 from .point import Point
 
 BWD_FACTOR = 2.5  # docs/design.md: backward = 2.5 × forward
@@ -70,9 +71,9 @@ def resolve(name: str) -> tuple[Variant, str]:
         raise UnknownVariant(f"unknown variant {name!r}; known: {', '.join(sorted(REGISTRY))} "
                              "(block-sparse takes a pattern: block-sparse:<spec>)")
     variant = REGISTRY[base]
-    if base == "block-sparse" and not arg:
+    if base == BLOCK_SPARSE and not arg:
         raise UnknownVariant("variant block-sparse needs a pattern: block-sparse:<spec>, e.g. block-sparse:local_window(256)")
-    if base != "block-sparse" and arg:
+    if base != BLOCK_SPARSE and arg:
         raise UnknownVariant(f"variant {base!r} takes no ':' argument, got {name!r}")
     return variant, arg
 
@@ -84,7 +85,7 @@ def check_point(point: Point) -> None:
         raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
     if variant.requires is not None:
         variant.requires()
-    if variant.name == "block-sparse":  # a bad pattern spec is a usage error, not a failed row
+    if variant.name == BLOCK_SPARSE:  # a bad pattern spec is a usage error, not a failed row
         from dilcompile.patterns import from_spec
         try:
             from_spec(point.variant.partition(":")[2])
@@ -139,12 +140,12 @@ def _dilated(point: Point, mode: str) -> Built:
                  impl="sdpa", mode=mode, config=config, key=("dilated", mode, point.segments, point.rates, point.causal))
 
 
-@register("dilated", "LongNet dilated attention (mode='longnet')", needs_branches=True)
+@register(DILATED, "LongNet dilated attention (mode='longnet')", needs_branches=True)
 def _dilated_longnet(point: Point, arg: str) -> Built:
     return _dilated(point, "longnet")
 
 
-@register("dilated-groups", "dilated attention with the seed system's head groups (mode='groups')", needs_branches=True)
+@register(DILATED_GROUPS, "dilated attention with the seed system's head groups (mode='groups')", needs_branches=True)
 def _dilated_groups(point: Point, arg: str) -> Built:
     return _dilated(point, "groups")
 
@@ -232,7 +233,7 @@ def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
     return total
 
 
-@register("block-sparse", "block_sparse_attention with a pattern spec: block-sparse:<spec>",
+@register(BLOCK_SPARSE, "block_sparse_attention with a pattern spec: block-sparse:<spec>",
           requires=_requires_block_sparse)
 def _block_sparse(point: Point, spec: str) -> Built:
     try:
