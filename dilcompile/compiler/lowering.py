@@ -11,11 +11,8 @@ run on CPU outside the interpreter). On CUDA with triton installed it emits
 first time it sees a (shape, dtype, config) and then always runs the winner
 (``TUNED`` holds the decisions).
 
-What it is not (yet): an Inductor template choice through
-``autotune_select_algorithm`` — that API differs between torch 2.11 and 2.13
-(it returns a node or a (node, choice) pair) and takes a single output
-layout, while the op returns (out, lse). The runtime choice above measures the
-same two candidates without depending on it. The private pieces used here
+What it does not do, and why: docs/compiler.md ("What the lowering is not").
+The private pieces used here
 (``lowering.register_lowering``, ``lowering.fallback_handler``,
 ``lowerings``) are looked up defensively; if they are missing the op stays
 Inductor's default fallback, which is the SDPA decomposition.

@@ -56,8 +56,7 @@ def choose_impl(q: Tensor, impl: str) -> str:
 
         check_triton_input(q)
         return impl
-    # "auto" stays on the fused SDPA kernels: the Triton kernel has no GPU
-    # measurement showing it faster yet (docs/performance.md).
+    # "auto" stays on the fused SDPA kernels: why, in docs/performance.md ("impl="triton"").
     backend_for(q.device, q.dtype, q.shape[-1])  # raises with the reason if no kernel serves q
     return "sdpa"
 
