@@ -12,7 +12,8 @@ PROG = "dilcompile profile"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("profile", help="measure attention variants (a standard sweep, a TOML file or flags) into the run store",
+    p = sub.add_parser("profile",
+                       help="measure attention variants (a standard sweep, a TOML file or flags) into the run store",
                        description="Measure attention variants; every point becomes a row of the run store.")
     p.add_argument("--sweep", metavar="NAME|FILE",
                    help=f"a standard sweep by name ({', '.join(standard_sweeps())}) or a TOML sweep file")

@@ -92,7 +92,8 @@ def all_to_all_forward(q, k, v, exchange: Exchange, rank: int, causal: bool, sca
     return out.to(q.dtype), lse, recv
 
 
-def all_to_all_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float, group):
+def all_to_all_backward(grad_out, q, k, v, out, lse, recv, exchange: Exchange, rank: int, causal: bool, scale: float,
+                        group):
     """(dq, dk, dv) of the shard, including the gradients other ranks computed
     for this shard's rows."""
     b, _, _, d = q.shape
