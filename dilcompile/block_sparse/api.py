@@ -7,11 +7,13 @@ import math
 import torch
 from torch import Tensor
 
+from .. import varlen
 from ..checks import check_bool, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
 from ..patterns import causal as causal_of
 from . import cache
 from . import ops  # registers torch.ops.dilcompile.block_sparse_*
+from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_varlen_*)
 from .config import IMPLS
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
@@ -48,7 +50,9 @@ def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: boo
 
 
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: bool = False,
-                           scale: float | None = None, impl: str = "auto", block_size: int = 128) -> Tensor:
+                           scale: float | None = None, impl: str = "auto", block_size: int = 128,
+                           key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                           cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None) -> Tensor:
     """Softmax attention restricted to the pairs ``pattern`` allows — exactly
     ``scaled_dot_product_attention`` with the dense boolean mask, joint
     normalisation over all allowed keys; a row with no allowed key outputs 0.
@@ -70,6 +74,18 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
             "reference" (float64 oracle, O(N²) memory) or "auto"
             (see :func:`choose_impl`).
         block_size: tokens per block (adaptive patterns use their own).
+        key_padding_mask: optional (B, Nk) bool, True = padding. Padding is
+            absence: every real token's result is that of its row with the
+            pads deleted (left, right or mixed), the block grid counting from
+            the row's first real token; with Nq < Nk the queries are the last
+            Nq positions of each row. Pad rows output 0.
+            docs/design.md, "Variable-length batches".
+        cu_seqlens: packed input — q, k, v (1, H, total, D) hold S sequences
+            end to end, sequence i at rows [cu[i], cu[i + 1]); an int32/int64
+            tensor (S + 1,) from 0 to total (FlashAttention's varlen
+            convention). Each sequence is computed as if it were alone.
+        cu_seqlens_q, cu_seqlens_k: instead of cu_seqlens, when sequence i has
+            Nq_i ≤ Nk_i queries: its queries are the last Nq_i of its keys.
 
     Returns:
         (B, H, N, D) in q.dtype.
@@ -85,6 +101,11 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     scale = check_scale(scale)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_impl(q, pattern, impl, needs_grad)
+    varlen.check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+    if key_padding_mask is not None or cu_seqlens is not None or cu_seqlens_q is not None \
+            or cu_seqlens_k is not None:
+        return _variable_lengths(q, k, v, pattern, causal, softmax_scale(scale, q.shape[-1]), chosen, block_size,
+                                 key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
     if q.numel() == 0:  # B, H, Nq or D is 0: the output (B, H, Nq, D) is empty whatever the pattern
         # empty, and connected to q, k, v for autograd (k, v summed over their own length, which
         # may differ from q's)
@@ -126,6 +147,25 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
                                                    float(scale), block_size)
     return out
+
+
+def _variable_lengths(q, k, v, pattern, causal, scale, chosen, block_size, key_padding_mask, cu_seqlens,
+                      cu_seqlens_q, cu_seqlens_k):
+    """A padded batch or packed sequences, each computed alone (``varlen``)."""
+    if pattern.data_dependent:
+        raise ValueError("the adaptive pattern takes no key_padding_mask or cu_seqlens (its learned selection "
+                         "pools whole blocks of one sequence); run each sequence on its own")
+    if not hasattr(pattern, "_structure"):
+        raise ValueError(f"pattern {pattern!r} was built inside torch.compile; build it outside the compiled "
+                         "function (or hold it on the module) and pass it in")
+    config = (pattern._structure, pattern._numbers, causal, float(scale), chosen, block_size)
+    if key_padding_mask is None:
+        cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+        return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, cu_q, cu_k, None, None, *config)
+    varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)
+    padded = varlen.Padded(key_padding_mask, q.shape[2])
+    out = torch.ops.dilcompile.block_sparse_varlen_fwd(*padded.pack(q, k, v), *padded.metadata(), *config)
+    return padded.unpack(out)
 
 
 def _shorter_queries(q, k, v, pattern, causal, scale, chosen, impl, block_size):

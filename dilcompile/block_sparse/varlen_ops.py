@@ -1,0 +1,56 @@
+"""``torch.ops.dilcompile.block_sparse_varlen_fwd/bwd``: block-sparse attention
+over packed sequences (``varlen.py``), each sequence computed alone by the
+public ``block_sparse_attention`` on its own rows, so the pattern's block grid
+counts from the sequence's first token. One opaque node per call: the
+sequence lengths are data, so a compiled graph serves any of them. The
+pattern crosses the op boundary as structure + numbers, as in ``ops``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import varlen
+from ..patterns import from_template
+
+
+def _attend(structure, numbers, causal, scale, impl, block_size):
+    from .api import block_sparse_attention  # the API imports this module
+
+    pattern = from_template(structure, tuple(numbers.tolist()))
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scale, impl=impl, block_size=block_size)
+
+    return attend
+
+
+@torch.library.custom_op("dilcompile::block_sparse_varlen_fwd", mutates_args=())
+def block_sparse_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
+    used_q: Tensor | None, used_k: Tensor | None, structure: str,
+                            numbers: Tensor, causal: bool, scale: float, impl: str, block_size: int) -> Tensor:
+    """q (1, H, Tq, D), k, v (1, H, Tk, D), cu_q, cu_k (S + 1,), used_q, used_k (S,) or None (``varlen.sequences``) → out (1, H, Tq, D)."""
+    attend = _attend(structure, numbers, causal, scale, impl, block_size)
+    return varlen.forward_sequences(attend, q, k, v, (cu_q, cu_k, used_q, used_k), None)[0]
+
+
+@block_sparse_varlen_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, used_q, used_k, structure, numbers, causal, scale, impl, block_size):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("dilcompile::block_sparse_varlen_bwd", mutates_args=())
+def block_sparse_varlen_bwd(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                            cu_q: Tensor, cu_k: Tensor,
+    used_q: Tensor | None, used_k: Tensor | None, structure: str, numbers: Tensor, causal: bool,
+                            scale: float, impl: str, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    attend = _attend(structure, numbers, causal, scale, impl, block_size)
+    return varlen.backward_sequences(attend, grad_out, None, q, k, v, (cu_q, cu_k, used_q, used_k))
+
+
+@block_sparse_varlen_bwd.register_fake
+def _(grad_out, grad_lse, q, k, v, cu_q, cu_k, used_q, used_k, structure, numbers, causal, scale, impl, block_size):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+varlen.register_varlen_autograd(block_sparse_varlen_fwd, block_sparse_varlen_bwd, config_tensors=(1,))

@@ -1,0 +1,57 @@
+"""``torch.ops.dilcompile.dilated_varlen_fwd/bwd``: dilated attention over
+packed sequences (``varlen.py``), each sequence computed alone by the public
+``dilated_attention`` on its own rows. One opaque node per call: the sequence
+lengths are data, so a compiled graph serves any of them."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import varlen
+from ..numerics import accumulator_dtype
+
+
+def _attend(segment_lengths, dilation_rates, mode, causal, scale, impl):
+    from .api import dilated_attention  # the API imports this module
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
+                                 causal=causal, mode=mode, scale=scale, return_lse=True, impl=impl)
+
+    return attend
+
+
+@torch.library.custom_op("dilcompile::dilated_varlen_fwd", mutates_args=())
+def dilated_varlen_fwd(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
+    used_q: Tensor | None, used_k: Tensor | None, segment_lengths: list[int],
+    dilation_rates: list[int], mode: str, causal: bool, scale: float, impl: str,
+) -> tuple[Tensor, Tensor]:
+    """q (1, H, Tq, D), k, v (1, H, Tk, D), cu_q, cu_k (S + 1,), used_q, used_k (S,) or None (``varlen.sequences``) →
+    out (1, H, Tq, D) (groups-mode 1/m applied), lse (1, H, Tq)."""
+    attend = _attend(segment_lengths, dilation_rates, mode, causal, scale, impl)
+    return varlen.forward_sequences(attend, q, k, v, (cu_q, cu_k, used_q, used_k), accumulator_dtype(q.dtype))
+
+
+@dilated_varlen_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, used_q, used_k, segment_lengths, dilation_rates, mode, causal, scale, impl):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
+
+
+@torch.library.custom_op("dilcompile::dilated_varlen_bwd", mutates_args=())
+def dilated_varlen_bwd(
+    grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
+    used_q: Tensor | None, used_k: Tensor | None,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float, impl: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    attend = _attend(segment_lengths, dilation_rates, mode, causal, scale, impl)
+    return varlen.backward_sequences(attend, grad_out, grad_lse, q, k, v, (cu_q, cu_k, used_q, used_k))
+
+
+@dilated_varlen_bwd.register_fake
+def _(grad_out, grad_lse, q, k, v, cu_q, cu_k, used_q, used_k, segment_lengths, dilation_rates, mode, causal, scale, impl):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+varlen.register_varlen_autograd(dilated_varlen_fwd, dilated_varlen_bwd)

@@ -1,0 +1,269 @@
+"""Variable-length batches: every sequence computed as if it were alone
+(docs/design.md, "Variable-length batches").
+
+Two inputs reach the same machinery:
+
+- **packed**: several sequences end to end in one row, q, k, v (1, H, total, D)
+  with ``cu_seqlens`` (S + 1,) from 0 to total (FlashAttention's varlen
+  convention), or ``cu_seqlens_q`` / ``cu_seqlens_k`` when sequence i has
+  Nq_i ≤ Nk_i queries (the last Nq_i of its keys);
+- **padded**: (B, H, N, D) with ``key_padding_mask`` (B, Nk), True = pad:
+  ``pack_padded`` moves each row's real tokens to the front of the row's slot
+  (a stable sort, fixed shapes, no host sync) and the row becomes one
+  sequence; ``unpack_padded`` puts the results back, zeros at pads.
+
+Either way sequence i owns rows [cu[i], cu[i + 1]) of q and of k and uses the
+first ``used[i]`` of them (all, for packed input). A variant
+(dilated, block-sparse) registers one custom-op pair whose real
+implementation loops over the sequences in Python (``forward_sequences``
+/ ``backward_sequences``) and calls the variant's public function on each sequence
+alone — the same code path as a direct call, so results equal the
+per-sequence call by construction. The op is opaque to the compiler: the
+lengths are data, not shapes, and one graph serves any lengths. Memory stays
+O(total): nothing is sized by (total × total) or (S × max length²).
+
+The backward recomputes each sequence's forward under autograd and
+differentiates it (as activation checkpointing does): exact whatever path the
+per-sequence call takes (reference, fused kernels, Triton, decode, FlexAttention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+CU_DTYPES = (torch.int32, torch.int64)
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _check_cu_tensor(name: str, cu, device: torch.device) -> None:
+    """Type, dtype, rank and device of one cu_seqlens argument (no values: no host sync)."""
+    if not isinstance(cu, Tensor):
+        raise TypeError(f"{name} must be an int32/int64 tensor (S + 1,) of cumulative sequence lengths "
+                        f"from 0 to the total length, got {type(cu).__name__}")
+    if cu.dtype not in CU_DTYPES:
+        raise ValueError(f"{name} has dtype {cu.dtype}; pass an integer tensor (int32 or int64), "
+                         f"e.g. {name}.to(torch.int32)")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D (S + 1,) starting at 0, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it to q's device")
+
+
+def _check_cu_values(name: str, cu: list[int], total: int, tensor_name: str) -> None:
+    if cu[0] != 0 or cu[-1] != total:
+        raise ValueError(f"{name} must start at 0 and end at the packed length {total} of {tensor_name}, "
+                         f"got {cu[0]} … {cu[-1]}")
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        if b < a:
+            raise ValueError(f"{name} must be non-decreasing, got {a} then {b} at entries {i}, {i + 1}")
+
+
+def packed_metadata(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_q, cu_seqlens_k) -> tuple[Tensor, Tensor]:
+    """Validate packed metadata; returns (cu_q, cu_k), unchanged (no op on
+    them: a traced graph adds no guard on the number of sequences). Value
+    checks (which read the tensors, a host sync) run eagerly only; compiled
+    calls get them from the op's real implementation (``sequences``)."""
+    if cu_seqlens is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError("pass either cu_seqlens (queries and keys of equal lengths) or cu_seqlens_q and "
+                             "cu_seqlens_k, not both")
+        cu_q = cu_k = cu_seqlens
+        names = ("cu_seqlens", "cu_seqlens")
+    else:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (or cu_seqlens alone)")
+        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+        names = ("cu_seqlens_q", "cu_seqlens_k")
+    if q.shape[0] != 1:
+        raise ValueError(f"packed input (cu_seqlens) takes q, k, v of batch 1 (1, H, total, D), got B = "
+                         f"{q.shape[0]}; concatenate the sequences along the length, or pass a padded batch "
+                         "with key_padding_mask")
+    for name, cu in zip(names, (cu_q, cu_k)):
+        _check_cu_tensor(name, cu, q.device)
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise ValueError(f"cu_seqlens_q holds {cu_q.shape[0] - 1} sequences but cu_seqlens_k "
+                         f"{cu_k.shape[0] - 1}; give both the same sequences")
+    if not torch.compiler.is_compiling():
+        sequences(cu_q, cu_k, None, None, q.shape[2], k.shape[2], names)
+    return cu_q, cu_k
+
+
+def sequences(cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, total_q: int,
+              total_k: int, names=("cu_seqlens_q", "cu_seqlens_k")) -> list[tuple[int, int, int, int]]:
+    """(q start, q length, k start, k length) per sequence, checked. Sequence i
+    owns rows [cu[i], cu[i + 1]) and uses the first ``used[i]`` of them (all
+    when ``used`` is None; FlashAttention's seqused convention), its queries
+    being the last of its keys: Nq_i ≤ Nk_i. Reads the tensors (host sync):
+    called eagerly by the API and always by the op's real implementation."""
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    _check_cu_values(names[0], bounds_q, total_q, "q")
+    _check_cu_values(names[1], bounds_k, total_k, "k")
+    count = len(bounds_q) - 1
+    used_q = [None] * count if used_q is None else used_q.tolist()
+    used_k = [None] * count if used_k is None else used_k.tolist()
+    rows = []
+    for i, (qs, qe, ks, ke) in enumerate(zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:])):
+        ql = qe - qs if used_q[i] is None else min(used_q[i], qe - qs)
+        kl = ke - ks if used_k[i] is None else min(used_k[i], ke - ks)
+        if ql > kl:
+            raise ValueError(f"sequence {i} has {ql} queries but {kl} keys; each sequence needs Nq_i ≤ Nk_i "
+                             "(its queries are the last Nq_i of its keys)")
+        rows.append((qs, ql, ks, kl))
+    return rows
+
+
+def check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask=None) -> None:
+    """At most one way of describing the batch's sequences per call."""
+    packed = cu_seqlens is not None or cu_seqlens_q is not None or cu_seqlens_k is not None
+    given = [name for name, on in (("key_padding_mask", key_padding_mask is not None), ("cu_seqlens", packed),
+                                   ("key_mask", key_mask is not None)) if on]
+    if len(given) > 1:
+        raise ValueError(f"pass one of key_padding_mask (a padded batch), cu_seqlens (packed sequences) and "
+                         f"key_mask (keys removed, positions kept), got {' and '.join(given)}")
+
+
+def check_padding_mask(name: str, mask, batch: int, num_keys: int, device: torch.device) -> None:
+    """A (B, Nk) bool mask on ``device``, True = pad (or, for key_mask, a removed key)."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = type(mask).__name__ if not isinstance(mask, Tensor) else f"a tensor of {mask.dtype}"
+        raise TypeError(f"{name} must be a bool tensor of shape (B, N), True = padding; got {got}")
+    if tuple(mask.shape) != (batch, num_keys):
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected (B, N) of the keys = {(batch, num_keys)}")
+    if mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but k is on {device}; move it to k's device")
+
+
+# -- padded ↔ packed ---------------------------------------------------------------------------
+
+
+class Padded:
+    """A padded batch (B, H, Nq, D) / (B, H, Nk, D) as packed sequences: row
+    b's real tokens, in order, at the front of its slot [b·N, (b + 1)·N)."""
+
+    def __init__(self, key_padding_mask: Tensor, num_queries: int):
+        batch, nk = key_padding_mask.shape
+        pads_q = key_padding_mask[:, nk - num_queries :]  # (B, Nq): the queries are the last Nq positions
+        # Stable sort of the pad flag: real tokens first, each row's order kept.
+        self.order_q = torch.argsort(pads_q.to(torch.uint8), dim=1, stable=True)  # (B, Nq)
+        self.order_k = torch.argsort(key_padding_mask.to(torch.uint8), dim=1, stable=True)  # (B, Nk)
+        slots = torch.arange(batch + 1, device=key_padding_mask.device)
+        self.cu_q, self.cu_k = slots * num_queries, slots * nk  # (B + 1,): row b owns slot [b·N, (b + 1)·N)
+        # A real query's position in its compacted sequence is (real keys up to it) − 1, so the
+        # row's real queries are the last of its real keys: Nq_b ≤ Nk_b, as for packed input.
+        self.used_q, self.used_k = (~pads_q).sum(1), (~key_padding_mask).sum(1)  # (B,)
+
+    def metadata(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(cu_q, cu_k, used_q, used_k) for a varlen op."""
+        return self.cu_q, self.cu_k, self.used_q, self.used_k
+
+    @staticmethod
+    def _pack(x: Tensor, order: Tensor) -> Tensor:
+        b, h, n, d = x.shape
+        sorted_x = x.gather(2, order[:, None, :, None].expand(b, h, n, d))
+        return sorted_x.transpose(0, 1).reshape(1, h, b * n, d)  # (1, H, B·N, D)
+
+    def pack(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self._pack(q, self.order_q), self._pack(k, self.order_k), self._pack(v, self.order_k)
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """(1, H, B·Nq, *rest) → (B, H, Nq, *rest) at the original positions;
+        pads get what the packed op left outside every sequence (out 0, lse −inf)."""
+        batch, nq = self.order_q.shape
+        x = packed.reshape(packed.shape[1], batch, nq, *packed.shape[3:]).transpose(0, 1)  # (B, H, Nq, *rest)
+        index = self.order_q[:, None, :].expand(x.shape[:3])
+        if x.dim() == 4:
+            index = index[..., None].expand(x.shape)
+        return x.new_empty(x.shape).scatter(2, index, x)
+
+
+# -- the loop inside the op ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def autograd_inside_op():
+    """Autograd recording inside a custom op's real implementation.
+
+    The dispatcher runs an op's implementation below autograd (the autograd
+    keys are excluded in thread-local state), so tensors made there record no
+    graph. The packed backward differentiates each sequence's own forward, so
+    it lifts that exclusion for the duration (a private dispatcher API, the
+    one torch's higher-order ops use)."""
+    key = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for k in (key.AutogradFunctionality, key.AutogradOther, key.AutogradNestedTensor, key.ADInplaceOrView):
+        exclude = exclude.remove(k)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, metadata: tuple,
+                      lse_dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None]:
+    """Run ``attend(q_i, k_i, v_i) → out_i`` or ``(out_i, lse_i)`` on every
+    sequence alone. q (1, H, Tq, D), k, v (1, H, Tk, D), metadata (cu_q, cu_k,
+    used_q, used_k) as in ``sequences`` → out (1, H, Tq, D) and, with
+    ``lse_dtype``, lse (1, H, Tq); rows outside every sequence get out 0, lse −inf."""
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
+    for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
+        if ql == 0:
+            continue
+        result = attend(q[:, :, qs : qs + ql], k[:, :, ks : ks + kl], v[:, :, ks : ks + kl])
+        if lse is None:
+            out[:, :, qs : qs + ql] = result
+        else:
+            out[:, :, qs : qs + ql] = result[0]
+            lse[:, :, qs : qs + ql] = result[1]
+    return out, lse
+
+
+def backward_sequences(attend, grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                       metadata: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``forward_sequences``: each sequence's forward recomputed
+    and differentiated alone (``attend`` as there; ``grad_lse`` only if it returns lse)."""
+    grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    with autograd_inside_op():
+        for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
+            if ql == 0:
+                continue
+            rows_q, rows_k = slice(qs, qs + ql), slice(ks, ks + kl)
+            inputs = [t[:, :, rows].detach().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+            result = attend(*inputs)
+            outputs, cotangents = [result], [grad_out[:, :, rows_q]]
+            if grad_lse is not None:
+                outputs, cotangents = list(result), [grad_out[:, :, rows_q], grad_lse[:, :, rows_q]]
+            elif isinstance(result, tuple):
+                outputs = [result[0]]
+            seq_grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+            for total, part, rows in zip(grads, seq_grads, (rows_q, rows_k, rows_k)):
+                if part is not None:
+                    total[:, :, rows] += part
+    return tuple(grads)
+
+
+def register_varlen_autograd(fwd_op, bwd_op, config_tensors: tuple[int, ...] = ()) -> None:
+    """Autograd for a packed forward op (q, k, v, cu_q, cu_k, used_q, used_k,
+    *config) → (out, lse) or out, routed to ``bwd_op`` (grad_out, grad_lse, q,
+    k, v, cu_q, cu_k, used_q, used_k, *config) → (dq, dk, dv).
+    ``config_tensors``: indices into config of tensor arguments."""
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, used_q, used_k, *config = inputs
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, used_q, used_k, *(config[i] for i in config_tensors))
+        ctx.config = [None if i in config_tensors else c for i, c in enumerate(config)]
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, grad_out, grad_lse=None):
+        q, k, v, cu_q, cu_k, used_q, used_k, *saved = ctx.saved_tensors
+        config = list(ctx.config)
+        for i, t in zip(config_tensors, saved):
+            config[i] = t
+        if grad_out is None:
+            grad_out = torch.zeros_like(q)
+        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, cu_q, cu_k, used_q, used_k, *config)
+        return (dq, dk, dv) + (None,) * (4 + len(config))
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
