@@ -200,6 +200,35 @@ def autograd_inside_op():
         yield
 
 
+def _equal_lengths(rows: list[tuple[int, int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Sequences grouped by (Nq_i, Nk_i) → their (q start, k start): sequences
+    of one shape run as one batched call (a padded batch without pads is one
+    call). Sequences without queries are dropped."""
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for qs, ql, ks, kl in rows:
+        if ql:
+            groups.setdefault((ql, kl), []).append((qs, ks))
+    return groups
+
+
+def _take(x: Tensor, starts: list[int], length: int) -> Tensor:
+    """Rows [s, s + length) of x (1, H, T, *rest) for each start → (G, H, length, *rest)
+    (a view for one sequence; batch rows are independent, so a batched call is G calls)."""
+    if len(starts) == 1:
+        return x[:, :, starts[0] : starts[0] + length]
+    return torch.cat([x[:, :, s : s + length] for s in starts])
+
+
+def _put(dst: Tensor, starts: list[int], length: int, src: Tensor, add: bool = False) -> None:
+    """Inverse of ``_take``: write (or add) src (G, H, length, *rest) into dst's rows."""
+    for i, s in enumerate(starts):
+        rows = dst[:, :, s : s + length]
+        if add:
+            rows += src[i : i + 1]
+        else:
+            rows.copy_(src[i : i + 1])
+
+
 def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, metadata: tuple,
                       lse_dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None]:
     """Run ``attend(q_i, k_i, v_i) → out_i`` or ``(out_i, lse_i)`` on every
@@ -208,15 +237,12 @@ def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, metadata: tuple,
     ``lse_dtype``, lse (1, H, Tq); rows outside every sequence get out 0, lse −inf."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
-    for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
-        if ql == 0:
-            continue
-        result = attend(q[:, :, qs : qs + ql], k[:, :, ks : ks + kl], v[:, :, ks : ks + kl])
-        if lse is None:
-            out[:, :, qs : qs + ql] = result
-        else:
-            out[:, :, qs : qs + ql] = result[0]
-            lse[:, :, qs : qs + ql] = result[1]
+    for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape[2], k.shape[2])).items():
+        starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
+        result = attend(_take(q, starts_q, ql), _take(k, starts_k, kl), _take(v, starts_k, kl))
+        _put(out, starts_q, ql, result if lse is None else result[0])
+        if lse is not None:
+            _put(lse, starts_q, ql, result[1])
     return out, lse
 
 
@@ -226,21 +252,20 @@ def backward_sequences(attend, grad_out: Tensor, grad_lse: Tensor | None, q: Ten
     and differentiated alone (``attend`` as there; ``grad_lse`` only if it returns lse)."""
     grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
     with autograd_inside_op():
-        for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
-            if ql == 0:
-                continue
-            rows_q, rows_k = slice(qs, qs + ql), slice(ks, ks + kl)
-            inputs = [t[:, :, rows].detach().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+        for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape[2], k.shape[2])).items():
+            starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
+            where = ((starts_q, ql), (starts_k, kl), (starts_k, kl))
+            inputs = [_take(t, *at).detach().requires_grad_() for t, at in zip((q, k, v), where)]
             result = attend(*inputs)
-            outputs, cotangents = [result], [grad_out[:, :, rows_q]]
-            if grad_lse is not None:
-                outputs, cotangents = list(result), [grad_out[:, :, rows_q], grad_lse[:, :, rows_q]]
-            elif isinstance(result, tuple):
-                outputs = [result[0]]
+            outputs, cotangents = [result], [_take(grad_out, starts_q, ql)]
+            if isinstance(result, tuple):
+                outputs = list(result) if grad_lse is not None else [result[0]]
+                if grad_lse is not None:
+                    cotangents.append(_take(grad_lse, starts_q, ql))
             seq_grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
-            for total, part, rows in zip(grads, seq_grads, (rows_q, rows_k, rows_k)):
+            for total, part, at in zip(grads, seq_grads, where):
                 if part is not None:
-                    total[:, :, rows] += part
+                    _put(total, *at, part, add=True)
     return tuple(grads)
 
 

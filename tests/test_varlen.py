@@ -510,3 +510,19 @@ def test_module_without_packed_support_refuses_cu_seqlens():
 
     with pytest.raises(ValueError, match="takes no cu_seqlens"):
         Plain(8, 2)(torch.randn(1, 5, 8), cu_seqlens=_cu([0, 5]))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_a_batch_without_pads_equals_the_plain_batched_call(impl, device):
+    """Rows of one length run as one batched call inside the op (varlen._equal_lengths)."""
+    config = dict(segment_lengths=(4, 8), dilation_rates=(1, 2), causal=True, mode="longnet")
+    q, k, v = random_qkv(3, 2, 13, 4, device=device, requires_grad=True, seed=8)
+    no_pads = torch.zeros(3, 13, dtype=torch.bool, device=device)
+    call = _dilated_call(config, impl)
+    got, want = call(q, k, v, key_padding_mask=no_pads), call(q, k, v)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    cotangents = _cotangents(got, seed=1)
+    for g, w in zip(torch.autograd.grad(_loss(got, cotangents), (q, k, v)),
+                    torch.autograd.grad(_loss(want, cotangents), (q, k, v))):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
