@@ -17,6 +17,8 @@ loading the checkpoint sets (and checks) them again.
 
 from __future__ import annotations
 
+import torch
+
 from ..checks import check_positive_ints
 from ..dilated.geometry import MODES
 from ..patterns import from_spec
@@ -101,8 +103,7 @@ def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
 def pattern_of(config):
     """(Pattern, block_size) of a config for ``"dilcompile_block_sparse"``."""
     spec = _required(config, "dilcompile_pattern", "'local_window(window=256)'")
-    if spec not in _PATTERNS:  # set before the keys were checked attributes (no register() yet)
-        _pattern("dilcompile_pattern", spec)
+    # Built when the key was set; compiled code only looks it up (a pattern built inside a trace has no op arguments).
     return _PATTERNS[spec], getattr(config, "dilcompile_block_size", None) or 128
 
 
@@ -111,7 +112,8 @@ def _required(config, key: str, example: str):
     if value is None:
         raise ValueError(f"the model config has no {key}; set it with dilcompile.integrations.transformers."
                          f"configure(model, ...) or config.{key} = {example}")
-    return CHECKS[key](key, value)
+    return value if torch.compiler.is_compiling() else CHECKS[key](key, value)  # checked when set; again for
+    # values put in a config's __dict__ directly, eagerly (a trace cannot run the pattern parser)
 
 
 def configure(target, *, segment_lengths=None, dilation_rates=None, mode=None, pattern=None, block_size=None):

@@ -113,7 +113,8 @@ def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, d
     """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v and causal."""
     if dropout:
         raise ValueError(f"dilcompile attention takes no attention-probability dropout (got {dropout}); set the "
-                         "model config's attention_dropout=0.0")
+                         "config's attention dropout to 0.0 (attention_dropout, or attention_probs_dropout_prob "
+                         "for BERT-style models), or call model.eval() for inference")
     if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype.is_floating_point):
         raise ValueError(f"dilcompile attention got an attention_mask of shape {tuple(attention_mask.shape)} and "
                          f"dtype {attention_mask.dtype}; it takes the 2-D mask its registered mask function "
