@@ -212,3 +212,21 @@ def test_encoder_with_covering_segment_equals_sdpa():
     ids, mask = _padded(seqs, "right")
     got, want = model(ids, attention_mask=mask).last_hidden_state, sdpa(ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_sliding_window_model_is_refused(compiled, packed):
+    """A sliding window is not expressible: refused eagerly (read from the mask function) and under
+    torch.compile (read from the config), packed rows or not."""
+    from transformers import MistralConfig
+
+    torch._dynamo.reset()
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
+                        num_attention_heads=6, num_key_value_heads=2, sliding_window=4, use_cache=False)
+    model = AutoModelForCausalLM.from_config(configure(cfg, **SETTINGS), attn_implementation="dilcompile_dilated")
+    run = torch.compile(model, fullgraph=True, backend="eager") if compiled else model
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]) if packed else None
+    error = Exception if compiled else ValueError  # dynamo reports our ValueError inside its own exception
+    with pytest.raises(error, match="expresses only plain causal or bidirectional"):
+        run(torch.randint(0, VOCAB, (1, 9)), position_ids=position_ids)

@@ -112,8 +112,9 @@ def _required(config, key: str, example: str):
     if value is None:
         raise ValueError(f"the model config has no {key}; set it with dilcompile.integrations.transformers."
                          f"configure(model, ...) or config.{key} = {example}")
-    return value if torch.compiler.is_compiling() else CHECKS[key](key, value)  # checked when set; again for
-    # values put in a config's __dict__ directly, eagerly (a trace cannot run the pattern parser)
+    # Checked when set; checked again eagerly for values put in a config's __dict__ directly
+    # (not under a trace, which cannot run the pattern parser).
+    return value if torch.compiler.is_compiling() else CHECKS[key](key, value)
 
 
 def configure(target, *, segment_lengths=None, dilation_rates=None, mode=None, pattern=None, block_size=None):

@@ -75,6 +75,14 @@ def _unpack_mask_function(mask_function):
     return _closure(remapped)["mask_function"], _closure(packed)["packed_sequence_mask"]
 
 
+def _windowed(config) -> bool:
+    """Whether a config declares sliding-window or chunked attention layers."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = getattr(config, "sliding_window", None) is not None and (not layer_types or any(
+        "sliding" in str(kind) for kind in layer_types))
+    return sliding or getattr(config, "attention_chunk_size", None) is not None
+
+
 def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
     """AttentionMaskInterface entry. Returns what the attention needs: the
@@ -85,10 +93,11 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
     if mask_function in (causal_mask_function, bidirectional_mask_function):
         base, packed_ids = mask_function, None
     elif torch.compiler.is_compiling():
-        # A trace cannot look inside closures: take the composed function as transformers'
-        # packed-row composition of the causal mask (the one it builds under tracing when no
-        # padding mask is given); the attention reads the packing from position_ids.
-        base, packed_ids = causal_mask_function, None
+        # A trace cannot look inside closures: unless the config declares windowed layers, take the
+        # composed function as transformers' packed-row composition of the causal mask (the one it
+        # builds under tracing when no padding mask is given); the attention reads the packing
+        # from position_ids.
+        base, packed_ids = (mask_function if _windowed(kwargs.get("config")) else causal_mask_function), None
     else:
         base, packed_ids = _unpack_mask_function(mask_function)
     if base not in (causal_mask_function, bidirectional_mask_function):
