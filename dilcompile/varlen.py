@@ -8,17 +8,19 @@ Two inputs reach the same machinery:
   convention), or ``cu_seqlens_q`` / ``cu_seqlens_k`` when sequence i has
   Nq_i ≤ Nk_i queries (the last Nq_i of its keys);
 - **padded**: (B, H, N, D) with ``key_padding_mask`` (B, Nk), True = pad:
-  ``pack_padded`` moves each row's real tokens to the front of the row's slot
-  (a stable sort, fixed shapes, no host sync) and the row becomes one
-  sequence; ``unpack_padded`` puts the results back, zeros at pads.
+  ``Padded.pack`` moves each row's real tokens to the front of the row (a
+  stable sort, fixed shapes, no host sync) and the row becomes one
+  sequence; ``Padded.unpack`` puts the results back, zeros at pads.
 
-Either way sequence i owns rows [cu[i], cu[i + 1]) of q and of k and uses the
-first ``used[i]`` of them (all, for packed input). A variant
-(dilated, block-sparse) registers one custom-op pair whose real
-implementation loops over the sequences in Python (``forward_sequences``
-/ ``backward_sequences``) and calls the variant's public function on each sequence
-alone — the same code path as a direct call, so results equal the
-per-sequence call by construction. The op is opaque to the compiler: the
+Either way sequence i owns positions [cu[i], cu[i + 1]) of the batch rows
+taken one after the other and uses the first ``used[i]`` of them (all, for
+packed input; FlashAttention's seqused). A variant (dilated, block-sparse)
+registers one custom-op pair whose real implementation loops over the
+sequences in Python (``forward_sequences`` / ``backward_sequences``) and
+calls, on each sequence alone, what the variant's public function runs after
+validating — the same code path as a direct call, so results equal the
+per-sequence call by construction; sequences of one shape share one batched
+call. The op is opaque to the compiler: the
 lengths are data, not shapes, and one graph serves any lengths. Memory stays
 O(total): nothing is sized by (total × total) or (S × max length²).
 
@@ -88,20 +90,23 @@ def packed_metadata(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_q, cu_seqlens_k
         raise ValueError(f"cu_seqlens_q holds {cu_q.shape[0] - 1} sequences but cu_seqlens_k "
                          f"{cu_k.shape[0] - 1}; give both the same sequences")
     if not torch.compiler.is_compiling():
-        sequences(cu_q, cu_k, None, None, q.shape[2], k.shape[2], names)
+        sequences(cu_q, cu_k, None, None, q.shape, k.shape, names)
     return cu_q, cu_k
 
 
-def sequences(cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, total_q: int,
-              total_k: int, names=("cu_seqlens_q", "cu_seqlens_k")) -> list[tuple[int, int, int, int]]:
-    """(q start, q length, k start, k length) per sequence, checked. Sequence i
-    owns rows [cu[i], cu[i + 1]) and uses the first ``used[i]`` of them (all
-    when ``used`` is None; FlashAttention's seqused convention), its queries
-    being the last of its keys: Nq_i ≤ Nk_i. Reads the tensors (host sync):
-    called eagerly by the API and always by the op's real implementation."""
+def sequences(cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, q_shape, k_shape,
+              names=("cu_seqlens_q", "cu_seqlens_k")) -> list[tuple[int, int, int, int]]:
+    """(q start, q length, k start, k length) per sequence, checked; starts
+    index the (B·T) rows of q (B, H, Tq, D) and of k (B, H, Tk, D) taken
+    row after row (packed input has B = 1). Sequence i owns rows
+    [cu[i], cu[i + 1]), inside one batch row, and uses the first ``used[i]``
+    of them (all when ``used`` is None; FlashAttention's seqused convention),
+    its queries being the last of its keys: Nq_i ≤ Nk_i. Reads the tensors
+    (host sync): called eagerly by the API and always by the op's real
+    implementation."""
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
-    _check_cu_values(names[0], bounds_q, total_q, "q")
-    _check_cu_values(names[1], bounds_k, total_k, "k")
+    _check_cu_values(names[0], bounds_q, q_shape[0] * q_shape[2], "q")
+    _check_cu_values(names[1], bounds_k, k_shape[0] * k_shape[2], "k")
     count = len(bounds_q) - 1
     used_q = [None] * count if used_q is None else used_q.tolist()
     used_k = [None] * count if used_k is None else used_k.tolist()
@@ -112,12 +117,16 @@ def sequences(cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor 
         if ql > kl:
             raise ValueError(f"sequence {i} has {ql} queries but {kl} keys; each sequence needs Nq_i ≤ Nk_i "
                              "(its queries are the last Nq_i of its keys)")
+        if (ql and qs % q_shape[2] + ql > q_shape[2]) or (kl and ks % k_shape[2] + kl > k_shape[2]):
+            raise ValueError(f"sequence {i} crosses a batch row; packed input takes B = 1")
         rows.append((qs, ql, ks, kl))
     return rows
 
 
 def check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask=None) -> None:
     """At most one way of describing the batch's sequences per call."""
+    if key_padding_mask is None and cu_seqlens is None and cu_seqlens_q is None and cu_seqlens_k is None:
+        return  # the common call: checked in a few hundred ns
     packed = cu_seqlens is not None or cu_seqlens_q is not None or cu_seqlens_k is not None
     given = [name for name, on in (("key_padding_mask", key_padding_mask is not None), ("cu_seqlens", packed),
                                    ("key_mask", key_mask is not None)) if on]
@@ -137,12 +146,13 @@ def check_padding_mask(name: str, mask, batch: int, num_keys: int, device: torch
         raise ValueError(f"{name} is on {mask.device} but k is on {device}; move it to k's device")
 
 
-# -- padded ↔ packed ---------------------------------------------------------------------------
+# -- padded → one sequence per row ---------------------------------------------------------------------------
 
 
 class Padded:
-    """A padded batch (B, H, Nq, D) / (B, H, Nk, D) as packed sequences: row
-    b's real tokens, in order, at the front of its slot [b·N, (b + 1)·N)."""
+    """A padded batch (B, H, Nq, D) / (B, H, Nk, D) as one sequence per row:
+    row b's real tokens, in order, at the front of the row (rows b·N … of the
+    flattened (B·N) positions that ``sequences`` indexes)."""
 
     def __init__(self, key_padding_mask: Tensor, num_queries: int):
         batch, nk = key_padding_mask.shape
@@ -151,7 +161,7 @@ class Padded:
         self.order_q = torch.argsort(pads_q.to(torch.uint8), dim=1, stable=True)  # (B, Nq)
         self.order_k = torch.argsort(key_padding_mask.to(torch.uint8), dim=1, stable=True)  # (B, Nk)
         slots = torch.arange(batch + 1, device=key_padding_mask.device)
-        self.cu_q, self.cu_k = slots * num_queries, slots * nk  # (B + 1,): row b owns slot [b·N, (b + 1)·N)
+        self.cu_q, self.cu_k = slots * num_queries, slots * nk  # (B + 1,): row b owns [b·N, (b + 1)·N)
         # A real query's position in its compacted sequence is (real keys up to it) − 1, so the
         # row's real queries are the last of its real keys: Nq_b ≤ Nk_b, as for packed input.
         self.used_q, self.used_k = (~pads_q).sum(1), (~key_padding_mask).sum(1)  # (B,)
@@ -161,19 +171,15 @@ class Padded:
         return self.cu_q, self.cu_k, self.used_q, self.used_k
 
     @staticmethod
-    def _pack(x: Tensor, order: Tensor) -> Tensor:
-        b, h, n, d = x.shape
-        sorted_x = x.gather(2, order[:, None, :, None].expand(b, h, n, d))
-        return sorted_x.transpose(0, 1).reshape(1, h, b * n, d)  # (1, H, B·N, D)
+    def _compact(x: Tensor, order: Tensor) -> Tensor:
+        return x.gather(2, order[:, None, :, None].expand(x.shape))  # (B, H, N, D), real tokens first
 
     def pack(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self._pack(q, self.order_q), self._pack(k, self.order_k), self._pack(v, self.order_k)
+        return self._compact(q, self.order_q), self._compact(k, self.order_k), self._compact(v, self.order_k)
 
-    def unpack(self, packed: Tensor) -> Tensor:
-        """(1, H, B·Nq, *rest) → (B, H, Nq, *rest) at the original positions;
-        pads get what the packed op left outside every sequence (out 0, lse −inf)."""
-        batch, nq = self.order_q.shape
-        x = packed.reshape(packed.shape[1], batch, nq, *packed.shape[3:]).transpose(0, 1)  # (B, H, Nq, *rest)
+    def unpack(self, x: Tensor) -> Tensor:
+        """(B, H, Nq, *rest) compacted → at the original positions; pads get
+        what the op left outside every sequence (out 0, lse −inf)."""
         index = self.order_q[:, None, :].expand(x.shape[:3])
         if x.dim() == 4:
             index = index[..., None].expand(x.shape)
@@ -200,23 +206,61 @@ def autograd_inside_op():
         yield
 
 
+def _equal_lengths(rows: list[tuple[int, int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Sequences grouped by (Nq_i, Nk_i) → their (q start, k start): sequences
+    of one shape run as one batched call (a padded batch without pads is one
+    call). Sequences without queries are dropped."""
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for qs, ql, ks, kl in rows:
+        if ql:
+            groups.setdefault((ql, kl), []).append((qs, ks))
+    return groups
+
+
+def _whole_rows(x: Tensor, starts: list[int]) -> bool:
+    """Whether the sequences start the batch rows of x (B, H, T, *rest), one each, in order."""
+    return starts == list(range(0, x.shape[0] * x.shape[2], x.shape[2]))
+
+
+def _take(x: Tensor, starts: list[int], length: int) -> Tensor:
+    """Rows [s, s + length) of the flattened (B·T) positions of x (B, H, T, *rest)
+    for each start → (G, H, length, *rest). One batched call is G calls alone
+    (batch rows are independent); sequences that start every batch row (a
+    padded batch) are a view, others one copy."""
+    if _whole_rows(x, starts):
+        return x[:, :, :length]
+    t = x.shape[2]
+    return torch.cat([x[s // t : s // t + 1, :, s % t : s % t + length] for s in starts])
+
+
+def _put(dst: Tensor, starts: list[int], length: int, src: Tensor, add: bool = False) -> None:
+    """Inverse of ``_take``: write (or add) src (G, H, length, *rest) into dst's rows."""
+    t = dst.shape[2]
+    if _whole_rows(dst, starts):
+        pieces = [(dst[:, :, :length], src)]
+    else:
+        pieces = [(dst[s // t : s // t + 1, :, s % t : s % t + length], src[i : i + 1]) for i, s in enumerate(starts)]
+    for rows, value in pieces:
+        if add:
+            rows += value
+        else:
+            rows.copy_(value)
+
+
 def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, metadata: tuple,
                       lse_dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None]:
     """Run ``attend(q_i, k_i, v_i) → out_i`` or ``(out_i, lse_i)`` on every
-    sequence alone. q (1, H, Tq, D), k, v (1, H, Tk, D), metadata (cu_q, cu_k,
-    used_q, used_k) as in ``sequences`` → out (1, H, Tq, D) and, with
-    ``lse_dtype``, lse (1, H, Tq); rows outside every sequence get out 0, lse −inf."""
+    sequence alone. q (B, H, Tq, D), k, v (B, H, Tk, D), metadata (cu_q, cu_k,
+    used_q, used_k) as in ``sequences`` → out (B, H, Tq, D) and, with
+    ``lse_dtype``, lse (B, H, Tq); rows outside every sequence get out 0, lse −inf."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
-    for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
-        if ql == 0:
-            continue
-        result = attend(q[:, :, qs : qs + ql], k[:, :, ks : ks + kl], v[:, :, ks : ks + kl])
-        if lse is None:
-            out[:, :, qs : qs + ql] = result
-        else:
-            out[:, :, qs : qs + ql] = result[0]
-            lse[:, :, qs : qs + ql] = result[1]
+    for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape, k.shape)).items():
+        starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
+        result = attend(_take(q, starts_q, ql), _take(k, starts_k, kl), _take(v, starts_k, kl))
+        _put(out, starts_q, ql, result if lse is None else result[0])
+        if lse is not None:
+            _put(lse, starts_q, ql, result[1])
     return out, lse
 
 
@@ -226,21 +270,20 @@ def backward_sequences(attend, grad_out: Tensor, grad_lse: Tensor | None, q: Ten
     and differentiated alone (``attend`` as there; ``grad_lse`` only if it returns lse)."""
     grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
     with autograd_inside_op():
-        for qs, ql, ks, kl in sequences(*metadata, q.shape[2], k.shape[2]):
-            if ql == 0:
-                continue
-            rows_q, rows_k = slice(qs, qs + ql), slice(ks, ks + kl)
-            inputs = [t[:, :, rows].detach().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+        for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape, k.shape)).items():
+            starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
+            where = ((starts_q, ql), (starts_k, kl), (starts_k, kl))
+            inputs = [_take(t, *at).detach().requires_grad_() for t, at in zip((q, k, v), where)]
             result = attend(*inputs)
-            outputs, cotangents = [result], [grad_out[:, :, rows_q]]
-            if grad_lse is not None:
-                outputs, cotangents = list(result), [grad_out[:, :, rows_q], grad_lse[:, :, rows_q]]
-            elif isinstance(result, tuple):
-                outputs = [result[0]]
+            outputs, cotangents = [result], [_take(grad_out, starts_q, ql)]
+            if isinstance(result, tuple):
+                outputs = list(result) if grad_lse is not None else [result[0]]
+                if grad_lse is not None:
+                    cotangents.append(_take(grad_lse, starts_q, ql))
             seq_grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
-            for total, part, rows in zip(grads, seq_grads, (rows_q, rows_k, rows_k)):
+            for total, part, at in zip(grads, seq_grads, where):
                 if part is not None:
-                    total[:, :, rows] += part
+                    _put(total, *at, part, add=True)
     return tuple(grads)
 
 

@@ -1,7 +1,7 @@
 """``torch.ops.dilcompile.block_sparse_varlen_fwd/bwd``: block-sparse attention
-over packed sequences (``varlen.py``), each sequence computed alone by the
-public ``block_sparse_attention`` on its own rows, so the pattern's block grid
-counts from the sequence's first token. One opaque node per call: the
+over packed sequences (``varlen.py``), each sequence computed alone on its own
+rows by ``dispatch.attend`` — what ``block_sparse_attention`` runs after
+validating — so the pattern's block grid counts from the sequence's first token. One opaque node per call: the
 sequence lengths are data, so a compiled graph serves any of them. The
 pattern crosses the op boundary as structure + numbers, as in ``ops``."""
 
@@ -12,15 +12,15 @@ from torch import Tensor
 
 from .. import varlen
 from ..patterns import from_template
+from .dispatch import attend as attend_one
 
 
 def _attend(structure, numbers, causal, scale, impl, block_size):
-    from .api import block_sparse_attention  # the API imports this module
-
     pattern = from_template(structure, tuple(numbers.tolist()))
 
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scale, impl=impl, block_size=block_size)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return attend_one(q, k, v, pattern, causal, scale, impl, impl, block_size, needs_grad)
 
     return attend
 

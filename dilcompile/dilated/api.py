@@ -13,7 +13,7 @@ from ..kernels import backend_for
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_varlen_fwd/bwd)
 from .config import IMPLS, check_branches
-from .suffix import reference_attention, suffix_attention
+from .dispatch import attend
 
 # Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
 # is first used, by load_triton_ops().
@@ -131,18 +131,5 @@ def dilated_attention(
         out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu_q, cu_k, None, None, *config)
         return (out, lse) if return_lse else out
 
-    if chosen == "reference":  # any Nq ≤ Nk
-        out, lse = reference_attention(q, k, v, segments, rates, mode, causal, float(scale), key_mask)
-    elif q.shape[2] != k.shape[2]:
-        out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, float(scale), key_mask, chosen)
-    elif chosen == "triton":
-        out, lse = torch.ops.dilcompile.dilated_triton_fwd(
-            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_mask
-        )
-    else:
-        out, lse = torch.ops.dilcompile.dilated_fwd(
-            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_mask
-        )
-    if mode == "groups":
-        out = out / len(segments)
+    out, lse = attend(q, k, v, segments, rates, mode, causal, float(scale), key_mask, chosen)
     return (out, lse) if return_lse else out

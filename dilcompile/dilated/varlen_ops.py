@@ -1,7 +1,8 @@
 """``torch.ops.dilcompile.dilated_varlen_fwd/bwd``: dilated attention over
-packed sequences (``varlen.py``), each sequence computed alone by the public
-``dilated_attention`` on its own rows. One opaque node per call: the sequence
-lengths are data, so a compiled graph serves any of them."""
+packed sequences (``varlen.py``), each sequence computed alone on its own rows
+by ``dispatch.attend`` — what ``dilated_attention`` runs after validating. One
+opaque node per call: the sequence lengths are data, so a compiled graph
+serves any of them."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from torch import Tensor
 
 from .. import varlen
 from ..numerics import accumulator_dtype
+from .dispatch import attend as attend_one
 
 
 def _attend(segment_lengths, dilation_rates, mode, causal, scale, impl):
-    from .api import dilated_attention  # the API imports this module
+    segments, rates = tuple(segment_lengths), tuple(dilation_rates)
 
     def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                 causal=causal, mode=mode, scale=scale, return_lse=True, impl=impl)
+        return attend_one(q, k, v, segments, rates, mode, causal, scale, None, impl)
 
     return attend
 
