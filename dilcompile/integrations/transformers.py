@@ -37,7 +37,7 @@ bidirectional (sliding windows, custom mask functions), and caches whose keys
 do not end at the last query (static or sliding caches; use the default
 ``DynamicCache``). Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
-(set ``attention_dropout=0``).
+(set the config's attention dropout to 0, or call ``model.eval()``).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def _unpack_mask_function(mask_function):
     ids and handle the packing ourselves. Code objects identify the closures."""
     from transformers import masking_utils as hf
 
-    parts = _closure(mask_function).get("mask_functions") \
-        if mask_function.__code__ is hf.and_masks().__code__ else None
+    is_and = getattr(mask_function, "__code__", None) is hf.and_masks().__code__
+    parts = _closure(mask_function).get("mask_functions") if is_and else None
     if parts is None or len(parts) != 2:
         return mask_function, None
     packed, remapped = parts
