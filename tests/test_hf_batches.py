@@ -230,3 +230,29 @@ def test_sliding_window_model_is_refused(compiled, packed):
     error = Exception if compiled else ValueError  # dynamo reports our ValueError inside its own exception
     with pytest.raises(error, match="expresses only plain causal or bidirectional"):
         run(torch.randint(0, VOCAB, (1, 9)), position_ids=position_ids)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_training_gradients_equal_the_sum_over_sequences_alone(impl, layout):
+    """Fine-tuning on a padded or packed batch: the weight gradients of a sum over real tokens equal
+    the sum of each sequence's own gradients."""
+    model = _llama(impl, use_cache=False)
+    seqs = [_tokens(120 + i, n) for i, n in enumerate(_lengths(14, 3, 4, 15))]
+    weights = torch.randn(VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def grads(logits):
+        model.zero_grad()
+        (logits @ weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    if layout == "padded":
+        ids, mask = _padded(seqs, "left")
+        logits = model(ids, attention_mask=mask, position_ids=_positions(mask)).logits[mask.bool()]
+    else:
+        position_ids = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+        logits = model(torch.cat(seqs)[None], position_ids=position_ids).logits[0]
+    got = grads(logits)
+    want = [sum(parts) for parts in zip(*(grads(model(s[None]).logits[0]) for s in seqs))]
+    for name, g, w in zip((n for n, _ in model.named_parameters()), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=name)
