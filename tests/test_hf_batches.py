@@ -144,21 +144,28 @@ def test_packing_keywords_with_a_padding_mask_are_refused():
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_compiles_fullgraph_with_padding_mask_and_packing(impl):
-    """fullgraph=True: no host sync in the attention path. Compiled equals eager with a padding mask (one
-    graph for every pad pattern of a shape) and with packed rows (position_ids). aot_eager runs the
-    captured graph op by op, so it is exact (inductor: the next test)."""
+    """fullgraph=True: no host sync in the attention path. Compiled equals eager, outputs and weight
+    gradients, with a padding mask (one graph for every pad pattern of a shape, none included) and with
+    packed rows (position_ids). aot_eager runs the captured graph op by op, so it is exact (inductor:
+    the next test)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     model = _llama(impl, use_cache=False)
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         seqs = [_tokens(60 + seed * 10 + i, n) for i, n in enumerate([17] + _lengths(seed, 2, 4, 17))]
         ids, mask = _padded(seqs, "left")
+        if seed == 2:
+            mask = torch.ones_like(mask)  # no padding: the batched path, chosen at run time
         eager = model(ids, attention_mask=mask).logits
-        torch.testing.assert_close(compiled(ids, attention_mask=mask).logits, eager, rtol=1e-10, atol=1e-10)
+        got = compiled(ids, attention_mask=mask).logits
+        torch.testing.assert_close(got, eager, rtol=1e-10, atol=1e-10)
         if seed == 0:
             graphs = counters["stats"]["unique_graphs"]
+            want = torch.autograd.grad(eager.sum(), list(model.parameters()))
+            for g, w in zip(torch.autograd.grad(got.sum(), list(model.parameters())), want):
+                torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
     assert counters["stats"]["unique_graphs"] == graphs, "a new pad pattern recompiled"
     docs = [d[:6] for d in _documents(9)] + [_tokens(99, 2)]
     ids = torch.cat(docs)[None]
@@ -166,6 +173,8 @@ def test_compiles_fullgraph_with_padding_mask_and_packing(impl):
     got = compiled(ids, position_ids=position_ids).logits
     torch.testing.assert_close(got, model(ids, position_ids=position_ids).logits, rtol=1e-10, atol=1e-10)
     _check_documents(got[0], docs, model)
+    # No mask, positions 0..N-1 (transformers still composes its packed-rows mask under tracing): batched path.
+    torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=1e-10, atol=1e-10)
 
 
 def test_inductor_with_padding_mask_errs_no_more_than_sdpa():

@@ -148,22 +148,51 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, kwarg
             raise ValueError("cu_seq_lens_q / cu_seq_lens_k describe packed rows; pass them without an "
                              "attention_mask (packed rows have no padding)")
         out = attention(q, k, v, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    elif is_padding:
-        # Eagerly, a mask without padding takes the batched path (one host sync; results are equal).
-        no_pads = not torch.compiler.is_compiling() and bool(attention_mask.all())
-        out = attention(q, k, v, causal) if no_pads else attention(q, k, v, causal, key_padding_mask=~attention_mask)
+        return out.transpose(1, 2).contiguous()
+
+    def plain(q, k, v):
+        return attention(q, k, v, causal)
+
+    if is_padding:
+        pads = ~attention_mask  # (B, Nk), True = pad
+
+        def padded(q, k, v, pads):
+            return attention(q, k, v, causal, key_padding_mask=pads)
+
+        out = _plain_unless(pads.any(), padded, plain, q, k, v, pads)
     else:
-        ids = attention_mask  # packed rows found by transformers' mask preparation, or None
+        ids = attention_mask  # (B, N) ids of packed rows found by transformers' mask preparation, or None
         position_ids = kwargs.get("position_ids")
         if ids is None and position_ids is not None and q.shape[2] == k.shape[2]:
             ids = hf_sequences.ids_from_positions(position_ids, q.shape[0])
-        if ids is None:
-            out = attention(q, k, v, causal)
-        else:
+
+        def packed(q, k, v, ids):
             flat = [hf_sequences.flatten(t) for t in (q, k, v)]
             out = attention(*flat, causal, cu_seqlens=hf_sequences.cu_seqlens_of(ids))
-            out = hf_sequences.unflatten(out, q.shape[0])
+            return hf_sequences.unflatten(out, q.shape[0])
+
+        out = plain(q, k, v) if ids is None else _plain_unless((ids[:, -1] != 0).any(), packed, plain, q, k, v, ids)
     return out.transpose(1, 2).contiguous()
+
+
+def _plain_unless(needed: Tensor, special, plain, q: Tensor, k: Tensor, v: Tensor, data: Tensor) -> Tensor:
+    """``special(q, k, v, data)`` (padded / packed rows) if ``needed``, else
+    the batched ``plain(q, k, v)`` — equal results when not needed, plain
+    being one call for the batch. Eagerly a Python branch (one host sync);
+    compiled a ``torch.cond`` (both branches in the graph, the choice at run time)."""
+    if not torch.compiler.is_compiling():
+        return special(q, k, v, data) if bool(needed) else plain(q, k, v)
+    # cond wants both branches' outputs and input gradients laid out alike: both take and give
+    # the rows end to end (1, H, B·N, D).
+    batch = q.shape[0]
+
+    def on_rows(fn):
+        return lambda *flat: hf_sequences.flatten(fn(*(hf_sequences.unflatten(t, batch) for t in flat[:3]),
+                                                     *flat[3:]))
+
+    flat = [hf_sequences.flatten(t) for t in (q, k, v)]
+    out = torch.cond(needed, on_rows(special), on_rows(lambda q, k, v, data: plain(q, k, v)), (*flat, data))
+    return hf_sequences.unflatten(out, batch)
 
 
 def dilated_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
