@@ -4,9 +4,10 @@ with real dilation / sparsity (segments shorter than the sequences), eager and
 under ``torch.compile(fullgraph=True)``. Tiny random models built from
 configs (no downloads), float64, randomized lengths."""
 
+import itertools
+
 import pytest
 import torch
-
 from transformers import AutoModelForCausalLM, BertConfig, BertModel, DataCollatorWithFlattening, LlamaConfig
 
 from dilcompile.integrations.transformers import configure, register
@@ -16,9 +17,9 @@ register()
 IMPLS = ("dilcompile_dilated", "dilcompile_block_sparse")
 VOCAB = 61
 # Positions matter to both: dilation offsets / segment grid, and global tokens + a dilated block pattern.
-SETTINGS = dict(segment_lengths=[4, 8], dilation_rates=[1, 2], block_size=4,
-                pattern="union(global_local(window=3, global_tokens=2), dilated(segment_lengths=(8,), "
-                        "dilation_rates=(2,)))")
+SETTINGS = {"segment_lengths": [4, 8], "dilation_rates": [1, 2], "block_size": 4,
+            "pattern": "union(global_local(window=3, global_tokens=2), dilated(segment_lengths=(8,), "
+                       "dilation_rates=(2,)))"}
 
 
 def _llama(impl, **extra):
@@ -69,7 +70,7 @@ def test_batched_generate_equals_each_prompt_alone(impl):
     model = _llama(impl)
     prompts = [_tokens(20 + i, n) for i, n in enumerate(_lengths(7, 3, 6, 17))]
     ids, mask = _padded(prompts, "left")
-    kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    kw = {"max_new_tokens": 10, "min_new_tokens": 10, "do_sample": False, "pad_token_id": 0}
     batched = model.generate(ids, attention_mask=mask, **kw)[:, ids.shape[1]:]
     batched_logits = model.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True,
                                     **kw).logits
@@ -114,7 +115,7 @@ def test_two_packed_rows_equal_each_document_alone(impl):
         g = torch.Generator().manual_seed(seed)
         cuts = [0] + sorted(torch.randperm(n - 1, generator=g)[: 1 + seed % 3].add(1).tolist()) + [n]
         tokens = _tokens(seed, n)
-        rows.append([tokens[a:b] for a, b in zip(cuts, cuts[1:])])
+        rows.append([tokens[a:b] for a, b in itertools.pairwise(cuts)])
     ids = torch.stack([torch.cat(row) for row in rows])
     position_ids = torch.stack([torch.cat([torch.arange(len(d)) for d in row]) for row in rows])
     logits = model(ids, position_ids=position_ids, use_cache=False).logits

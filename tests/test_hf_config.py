@@ -6,14 +6,13 @@ import json
 
 import pytest
 import torch
-
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from dilcompile.integrations.transformers import configure, register
 
 register()
 
-KEYS = dict(dilcompile_segment_lengths=[4, 8], dilcompile_dilation_rates=[1, 2])
+KEYS = {"dilcompile_segment_lengths": [4, 8], "dilcompile_dilation_rates": [1, 2]}
 
 
 def _config():

