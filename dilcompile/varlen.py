@@ -8,21 +8,22 @@ Two inputs reach the same machinery:
   convention), or ``cu_seqlens_q`` / ``cu_seqlens_k`` when sequence i has
   Nq_i ≤ Nk_i queries (the last Nq_i of its keys);
 - **padded**: (B, H, N, D) with ``key_padding_mask`` (B, Nk), True = pad:
-  ``Padded.pack`` moves each row's real tokens to the front of the row (a
-  stable sort, fixed shapes, no host sync) and the row becomes one
-  sequence; ``Padded.unpack`` puts the results back, zeros at pads.
+  each row is one sequence, its real tokens in order (the queries are the
+  last Nq positions of the row).
 
-Either way sequence i owns positions [cu[i], cu[i + 1]) of the batch rows
-taken one after the other and uses the first ``used[i]`` of them (all, for
-packed input; FlashAttention's seqused). A variant (dilated, block-sparse)
-registers one custom-op pair whose real implementation loops over the
-sequences in Python (``forward_sequences`` / ``backward_sequences``) and
-calls, on each sequence alone, what the variant's public function runs after
-validating — the same code path as a direct call, so results equal the
-per-sequence call by construction; sequences of one shape share one batched
-call. The op is opaque to the compiler: the
-lengths are data, not shapes, and one graph serves any lengths. Memory stays
-O(total): nothing is sized by (total × total) or (S × max length²).
+A variant (dilated, block-sparse) registers one custom-op pair taking q, k,
+v and either the cu_seqlens pair or the mask. Its real implementation reads
+the metadata (``sequences``: data, not shapes — the compiler sees one opaque
+node and no host sync) and loops over the sequences in Python
+(``forward_sequences`` / ``backward_sequences``), calling on each sequence
+alone what the variant's public function runs after validating — the same
+code path as a direct call, so results equal the per-sequence call by
+construction. A sequence is a range of its row where it is contiguous (no
+copy: a left- or right-padded row, a packed document) and an index list
+otherwise (mixed padding: one copy of that row's real tokens); sequences of
+one shape share one batched call (a batch without pads is one call on the
+inputs as they are). Memory stays O(total): nothing is sized (total × total)
+or (S × max length²).
 
 The backward recomputes each sequence's forward under autograd and
 differentiates it (as activation checkpointing does): exact whatever path the
@@ -32,6 +33,7 @@ per-sequence call takes (reference, fused kernels, Triton, decode, FlexAttention
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -90,37 +92,71 @@ def packed_metadata(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_q, cu_seqlens_k
         raise ValueError(f"cu_seqlens_q holds {cu_q.shape[0] - 1} sequences but cu_seqlens_k "
                          f"{cu_k.shape[0] - 1}; give both the same sequences")
     if not torch.compiler.is_compiling():
-        sequences(cu_q, cu_k, None, None, q.shape, k.shape, names)
+        packed_sequences(cu_q, cu_k, q.shape[2], k.shape[2], names)
     return cu_q, cu_k
 
 
-def sequences(cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, q_shape, k_shape,
-              names=("cu_seqlens_q", "cu_seqlens_k")) -> list[tuple[int, int, int, int]]:
-    """(q start, q length, k start, k length) per sequence, checked; starts
-    index the (B·T) rows of q (B, H, Tq, D) and of k (B, H, Tk, D) taken
-    row after row (packed input has B = 1). Sequence i owns rows
-    [cu[i], cu[i + 1]), inside one batch row, and uses the first ``used[i]``
-    of them (all when ``used`` is None; FlashAttention's seqused convention),
-    its queries being the last of its keys: Nq_i ≤ Nk_i. Reads the tensors
-    (host sync): called eagerly by the API and always by the op's real
-    implementation."""
+class Sequence(NamedTuple):
+    """One sequence of a batch: its batch row and, in that row, its queries and
+    keys — a range, or the indices of the real tokens where pads lie between them."""
+    row: int
+    q_rows: slice | Tensor
+    k_rows: slice | Tensor
+    nq: int
+    nk: int
+
+
+def packed_sequences(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int,
+                     names=("cu_seqlens_q", "cu_seqlens_k")) -> list[Sequence]:
+    """The sequences of packed input (batch row 0), checked. Reads the tensors
+    (host sync): called eagerly by the API and always by the op."""
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
-    _check_cu_values(names[0], bounds_q, q_shape[0] * q_shape[2], "q")
-    _check_cu_values(names[1], bounds_k, k_shape[0] * k_shape[2], "k")
-    count = len(bounds_q) - 1
-    used_q = [None] * count if used_q is None else used_q.tolist()
-    used_k = [None] * count if used_k is None else used_k.tolist()
-    rows = []
+    _check_cu_values(names[0], bounds_q, total_q, "q")
+    _check_cu_values(names[1], bounds_k, total_k, "k")
+    result = []
     for i, (qs, qe, ks, ke) in enumerate(zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:])):
-        ql = qe - qs if used_q[i] is None else min(used_q[i], qe - qs)
-        kl = ke - ks if used_k[i] is None else min(used_k[i], ke - ks)
-        if ql > kl:
-            raise ValueError(f"sequence {i} has {ql} queries but {kl} keys; each sequence needs Nq_i ≤ Nk_i "
-                             "(its queries are the last Nq_i of its keys)")
-        if (ql and qs % q_shape[2] + ql > q_shape[2]) or (kl and ks % k_shape[2] + kl > k_shape[2]):
-            raise ValueError(f"sequence {i} crosses a batch row; packed input takes B = 1")
-        rows.append((qs, ql, ks, kl))
-    return rows
+        if qe - qs > ke - ks:
+            raise ValueError(f"sequence {i} has {qe - qs} queries but {ke - ks} keys; each sequence needs "
+                             "Nq_i ≤ Nk_i (its queries are the last Nq_i of its keys)")
+        result.append(Sequence(0, slice(qs, qe), slice(ks, ke), qe - qs, ke - ks))
+    return result
+
+
+def padded_sequences(key_padding_mask: Tensor, num_queries: int) -> list[Sequence]:
+    """One sequence per row of a padded batch: the row's real keys, and its
+    real queries among the last ``num_queries`` positions. A real query sits at
+    (real keys up to and including it) − 1 of its sequence: the real queries are
+    the last of the real keys, as packed input's Nq_i ≤ Nk_i convention has it."""
+    batch, nk = key_padding_mask.shape
+    lead = nk - num_queries  # position of query 0
+    if batch == 0 or num_queries == 0:
+        return []
+    keep = ~key_padding_mask
+    position = torch.arange(nk, device=keep.device)
+    first = torch.where(keep, position, nk).amin(1)  # nk where the row is all pads
+    last = torch.where(keep, position, -1).amax(1)
+    stats = torch.stack([keep.sum(1), keep[:, lead:].sum(1), first, last], 1)  # (B, 4): one host sync
+    result = []
+    for row, (count, count_q, first, last) in enumerate(stats.tolist()):
+        if count_q == 0:
+            continue
+        if last - first + 1 == count:  # no pad between the real tokens: a range, no copy
+            k_rows, q_rows = slice(first, last + 1), slice(max(first, lead) - lead, last + 1 - lead)
+        else:
+            k_rows = keep[row].nonzero().squeeze(1)
+            q_rows = k_rows[k_rows >= lead] - lead
+        result.append(Sequence(row, q_rows, k_rows, count_q, count))
+    return result
+
+
+def sequences(q: Tensor, k: Tensor, cu_q: Tensor | None, cu_k: Tensor | None,
+              key_padding_mask: Tensor | None) -> list[Sequence]:
+    """The sequences an op's metadata describes: the cu_seqlens pair (packed) or the mask (padded)."""
+    if key_padding_mask is not None:
+        return padded_sequences(key_padding_mask, q.shape[2])
+    if cu_q is None or cu_k is None:
+        raise ValueError("a varlen op takes cu_q and cu_k (packed input) or key_padding_mask (padded input)")
+    return packed_sequences(cu_q, cu_k, q.shape[2], k.shape[2])
 
 
 def check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask=None) -> None:
@@ -146,46 +182,6 @@ def check_padding_mask(name: str, mask, batch: int, num_keys: int, device: torch
         raise ValueError(f"{name} is on {mask.device} but k is on {device}; move it to k's device")
 
 
-# -- padded → one sequence per row ---------------------------------------------------------------------------
-
-
-class Padded:
-    """A padded batch (B, H, Nq, D) / (B, H, Nk, D) as one sequence per row:
-    row b's real tokens, in order, at the front of the row (rows b·N … of the
-    flattened (B·N) positions that ``sequences`` indexes)."""
-
-    def __init__(self, key_padding_mask: Tensor, num_queries: int):
-        batch, nk = key_padding_mask.shape
-        pads_q = key_padding_mask[:, nk - num_queries :]  # (B, Nq): the queries are the last Nq positions
-        # Stable sort of the pad flag: real tokens first, each row's order kept.
-        self.order_q = torch.argsort(pads_q.to(torch.uint8), dim=1, stable=True)  # (B, Nq)
-        self.order_k = torch.argsort(key_padding_mask.to(torch.uint8), dim=1, stable=True)  # (B, Nk)
-        slots = torch.arange(batch + 1, device=key_padding_mask.device)
-        self.cu_q, self.cu_k = slots * num_queries, slots * nk  # (B + 1,): row b owns [b·N, (b + 1)·N)
-        # A real query's position in its compacted sequence is (real keys up to it) − 1, so the
-        # row's real queries are the last of its real keys: Nq_b ≤ Nk_b, as for packed input.
-        self.used_q, self.used_k = (~pads_q).sum(1), (~key_padding_mask).sum(1)  # (B,)
-
-    def metadata(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(cu_q, cu_k, used_q, used_k) for a varlen op."""
-        return self.cu_q, self.cu_k, self.used_q, self.used_k
-
-    @staticmethod
-    def _compact(x: Tensor, order: Tensor) -> Tensor:
-        return x.gather(2, order[:, None, :, None].expand(x.shape))  # (B, H, N, D), real tokens first
-
-    def pack(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self._compact(q, self.order_q), self._compact(k, self.order_k), self._compact(v, self.order_k)
-
-    def unpack(self, x: Tensor) -> Tensor:
-        """(B, H, Nq, *rest) compacted → at the original positions; pads get
-        what the op left outside every sequence (out 0, lse −inf)."""
-        index = self.order_q[:, None, :].expand(x.shape[:3])
-        if x.dim() == 4:
-            index = index[..., None].expand(x.shape)
-        return x.new_empty(x.shape).scatter(2, index, x)
-
-
 # -- the loop inside the op ----------------------------------------------------------------------
 
 
@@ -206,107 +202,112 @@ def autograd_inside_op():
         yield
 
 
-def _equal_lengths(rows: list[tuple[int, int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """Sequences grouped by (Nq_i, Nk_i) → their (q start, k start): sequences
-    of one shape run as one batched call (a padded batch without pads is one
-    call). Sequences without queries are dropped."""
-    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for qs, ql, ks, kl in rows:
-        if ql:
-            groups.setdefault((ql, kl), []).append((qs, ks))
+def _same_shape(seqs: list[Sequence]) -> dict[tuple[int, int], list[Sequence]]:
+    """Sequences grouped by (Nq_i, Nk_i): each group runs as one batched call
+    (batch rows are independent in every implementation, so that is each
+    sequence alone). Sequences without queries are dropped."""
+    groups: dict[tuple[int, int], list[Sequence]] = {}
+    for seq in seqs:
+        if seq.nq:
+            groups.setdefault((seq.nq, seq.nk), []).append(seq)
     return groups
 
 
-def _whole_rows(x: Tensor, starts: list[int]) -> bool:
-    """Whether the sequences start the batch rows of x (B, H, T, *rest), one each, in order."""
-    return starts == list(range(0, x.shape[0] * x.shape[2], x.shape[2]))
+def _every_row(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> slice | None:
+    """The range, if ``places`` are every batch row of x, in order, at one range of positions."""
+    rows = places[0][1]
+    if len(places) != x.shape[0] or not isinstance(rows, slice):
+        return None
+    return rows if all(p == (b, rows) for b, p in enumerate(places)) else None
 
 
-def _take(x: Tensor, starts: list[int], length: int) -> Tensor:
-    """Rows [s, s + length) of the flattened (B·T) positions of x (B, H, T, *rest)
-    for each start → (G, H, length, *rest). One batched call is G calls alone
-    (batch rows are independent); sequences that start every batch row (a
-    padded batch) are a view, others one copy."""
-    if _whole_rows(x, starts):
-        return x[:, :, :length]
-    t = x.shape[2]
-    return torch.cat([x[s // t : s // t + 1, :, s % t : s % t + length] for s in starts])
+def _take(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> Tensor:
+    """The rows of x (B, H, T, *rest) at each (batch row, positions) → (G, H, L, *rest):
+    a view where they are every row at one range (a batch without pads), else one copy."""
+    rows = _every_row(x, places)
+    if rows is not None:
+        return x[:, :, rows]
+    pieces = [x[b : b + 1, :, r] if isinstance(r, slice) else x[b : b + 1].index_select(2, r) for b, r in places]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def _put(dst: Tensor, starts: list[int], length: int, src: Tensor, add: bool = False) -> None:
-    """Inverse of ``_take``: write (or add) src (G, H, length, *rest) into dst's rows."""
-    t = dst.shape[2]
-    if _whole_rows(dst, starts):
-        pieces = [(dst[:, :, :length], src)]
-    else:
-        pieces = [(dst[s // t : s // t + 1, :, s % t : s % t + length], src[i : i + 1]) for i, s in enumerate(starts)]
-    for rows, value in pieces:
-        if add:
-            rows += value
+def _put(dst: Tensor, places: list[tuple[int, slice | Tensor]], src: Tensor, add: bool = False) -> None:
+    """Inverse of ``_take``: write (or add) src (G, H, L, *rest) at the places in dst."""
+    rows = _every_row(dst, places)
+    targets = [(rows, src)] if rows is not None else [(r, src[i : i + 1]) for i, (_, r) in enumerate(places)]
+    for i, (r, value) in enumerate(targets):
+        where = dst if rows is not None else dst[places[i][0] : places[i][0] + 1]
+        if isinstance(r, slice):
+            if add:
+                where[:, :, r] += value
+            else:
+                where[:, :, r] = value
+        elif add:
+            where.index_add_(2, r, value)
         else:
-            rows.copy_(value)
+            where.index_copy_(2, r, value)
 
 
-def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, metadata: tuple,
+def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, seqs: list[Sequence],
                       lse_dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None]:
     """Run ``attend(q_i, k_i, v_i) → out_i`` or ``(out_i, lse_i)`` on every
-    sequence alone. q (B, H, Tq, D), k, v (B, H, Tk, D), metadata (cu_q, cu_k,
-    used_q, used_k) as in ``sequences`` → out (B, H, Tq, D) and, with
-    ``lse_dtype``, lse (B, H, Tq); rows outside every sequence get out 0, lse −inf."""
+    sequence alone. q (B, H, Nq, D), k, v (B, H, Nk, D) → out (B, H, Nq, D)
+    and, with ``lse_dtype``, lse (B, H, Nq); positions outside every sequence
+    (pads) get out 0, lse −inf."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
-    for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape, k.shape)).items():
-        starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
-        result = attend(_take(q, starts_q, ql), _take(k, starts_k, kl), _take(v, starts_k, kl))
-        _put(out, starts_q, ql, result if lse is None else result[0])
+    for group in _same_shape(seqs).values():
+        at_q, at_k = [(s.row, s.q_rows) for s in group], [(s.row, s.k_rows) for s in group]
+        result = attend(_take(q, at_q), _take(k, at_k), _take(v, at_k))
+        _put(out, at_q, result if lse is None else result[0])
         if lse is not None:
-            _put(lse, starts_q, ql, result[1])
+            _put(lse, at_q, result[1])
     return out, lse
 
 
 def backward_sequences(attend, grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
-                       metadata: tuple) -> tuple[Tensor, Tensor, Tensor]:
+                       seqs: list[Sequence]) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``forward_sequences``: each sequence's forward recomputed
     and differentiated alone (``attend`` as there; ``grad_lse`` only if it returns lse)."""
     grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
     with autograd_inside_op():
-        for (ql, kl), starts in _equal_lengths(sequences(*metadata, q.shape, k.shape)).items():
-            starts_q, starts_k = [s[0] for s in starts], [s[1] for s in starts]
-            where = ((starts_q, ql), (starts_k, kl), (starts_k, kl))
-            inputs = [_take(t, *at).detach().requires_grad_() for t, at in zip((q, k, v), where)]
+        for group in _same_shape(seqs).values():
+            at_q, at_k = [(s.row, s.q_rows) for s in group], [(s.row, s.k_rows) for s in group]
+            places = (at_q, at_k, at_k)
+            inputs = [_take(t, at).detach().requires_grad_() for t, at in zip((q, k, v), places)]
             result = attend(*inputs)
-            outputs, cotangents = [result], [_take(grad_out, starts_q, ql)]
+            outputs, cotangents = [result], [_take(grad_out, at_q)]
             if isinstance(result, tuple):
                 outputs = list(result) if grad_lse is not None else [result[0]]
                 if grad_lse is not None:
-                    cotangents.append(_take(grad_lse, starts_q, ql))
+                    cotangents.append(_take(grad_lse, at_q))
             seq_grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
-            for total, part, at in zip(grads, seq_grads, where):
+            for total, part, at in zip(grads, seq_grads, places):
                 if part is not None:
-                    _put(total, *at, part, add=True)
+                    _put(total, at, part, add=True)
     return tuple(grads)
 
 
 def register_varlen_autograd(fwd_op, bwd_op, config_tensors: tuple[int, ...] = ()) -> None:
-    """Autograd for a packed forward op (q, k, v, cu_q, cu_k, used_q, used_k,
+    """Autograd for a varlen forward op (q, k, v, cu_q, cu_k, key_padding_mask,
     *config) → (out, lse) or out, routed to ``bwd_op`` (grad_out, grad_lse, q,
-    k, v, cu_q, cu_k, used_q, used_k, *config) → (dq, dk, dv).
+    k, v, cu_q, cu_k, key_padding_mask, *config) → (dq, dk, dv).
     ``config_tensors``: indices into config of tensor arguments."""
 
     def setup_context(ctx, inputs, output):
-        q, k, v, cu_q, cu_k, used_q, used_k, *config = inputs
-        ctx.save_for_backward(q, k, v, cu_q, cu_k, used_q, used_k, *(config[i] for i in config_tensors))
+        q, k, v, cu_q, cu_k, key_padding_mask, *config = inputs
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, key_padding_mask, *(config[i] for i in config_tensors))
         ctx.config = [None if i in config_tensors else c for i, c in enumerate(config)]
         ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_out, grad_lse=None):
-        q, k, v, cu_q, cu_k, used_q, used_k, *saved = ctx.saved_tensors
+        q, k, v, cu_q, cu_k, key_padding_mask, *saved = ctx.saved_tensors
         config = list(ctx.config)
         for i, t in zip(config_tensors, saved):
             config[i] = t
         if grad_out is None:
             grad_out = torch.zeros_like(q)
-        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, cu_q, cu_k, used_q, used_k, *config)
-        return (dq, dk, dv) + (None,) * (4 + len(config))
+        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, cu_q, cu_k, key_padding_mask, *config)
+        return (dq, dk, dv) + (None,) * (3 + len(config))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)

@@ -443,16 +443,19 @@ def test_varlen_ops_pass_opcheck():
     q, k, v = random_qkv(1, 2, 12, 4, requires_grad=True)
     cu = _cu([0, 5, 12])
     torch.library.opcheck(torch.ops.dilcompile.dilated_varlen_fwd.default,
-                          (q, k, v, cu, cu, None, None, [4, 8], [1, 2], "longnet", True, 0.5, "sdpa"))
-    out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu, cu, None, None, [4, 8], [1, 2], "longnet", True,
-                                                       0.5, "sdpa")
+                          (q, k, v, cu, cu, None, [4, 8], [1, 2], "longnet", True, 0.5, "sdpa"))
+    out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu, cu, None, [4, 8], [1, 2], "longnet", True, 0.5,
+                                                       "sdpa")
     torch.library.opcheck(torch.ops.dilcompile.dilated_varlen_bwd.default,
                           (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), cu, cu,
-                           None, None, [4, 8], [1, 2], "longnet", True, 0.5, "sdpa"))
+                           None, [4, 8], [1, 2], "longnet", True, 0.5, "sdpa"))
     pattern = local_window(3)
     torch.library.opcheck(torch.ops.dilcompile.block_sparse_varlen_fwd.default,
-                          (q, k, v, cu, cu, _cu([3, 4]), _cu([3, 5]), pattern._structure, pattern._numbers, False,
-                           0.5, "gather", 4))
+                          (q, k, v, cu, cu, None, pattern._structure, pattern._numbers, False, 0.5, "gather", 4))
+    mask = torch.rand(3, 12) < 0.5
+    q3, k3, v3 = random_qkv(3, 2, 12, 4, requires_grad=True)
+    torch.library.opcheck(torch.ops.dilcompile.dilated_varlen_fwd.default,
+                          (q3, k3, v3, None, None, mask, [4, 8], [1, 2], "longnet", True, 0.5, "sdpa"))
 
 
 # -- modules ------------------------------------------------------------------------------------------

@@ -110,8 +110,6 @@ def _variable_lengths(q, k, v, pattern, causal, scale, chosen, block_size, key_p
     config = (pattern._structure, pattern._numbers, causal, float(scale), chosen, block_size)
     if key_padding_mask is None:
         cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
-        return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, cu_q, cu_k, None, None, *config)
+        return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, cu_q, cu_k, None, *config)
     varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)
-    padded = varlen.Padded(key_padding_mask, q.shape[2])
-    out = torch.ops.dilcompile.block_sparse_varlen_fwd(*padded.pack(q, k, v), *padded.metadata(), *config)
-    return padded.unpack(out)
+    return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, None, None, key_padding_mask, *config)

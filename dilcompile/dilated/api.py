@@ -122,13 +122,11 @@ def dilated_attention(
     config = (list(segments), list(rates), mode, causal, float(scale), chosen)
     if key_padding_mask is not None:
         varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)
-        padded = varlen.Padded(key_padding_mask, q.shape[2])
-        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(*padded.pack(q, k, v), *padded.metadata(), *config)
-        out, lse = padded.unpack(out), padded.unpack(lse)
+        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, None, None, key_padding_mask, *config)
         return (out, lse) if return_lse else out
     if cu_seqlens is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
         cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
-        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu_q, cu_k, None, None, *config)
+        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu_q, cu_k, None, *config)
         return (out, lse) if return_lse else out
 
     out, lse = attend(q, k, v, segments, rates, mode, causal, float(scale), key_mask, chosen)
