@@ -25,15 +25,18 @@ def ids_from_positions(position_ids: Tensor, batch: int) -> Tensor | None:
 
 def cu_seqlens_of(ids: Tensor) -> Tensor:
     """(B, N) sequence ids → cu_seqlens (B·N + 1,) int64 over the rows laid
-    end to end (a row's start also starts a sequence). There are at most
-    B·N sequences, so the tensor has that many entries: the real boundaries,
-    then B·N repeated (empty sequences, which the attention skips)."""
+    end to end (a row's start also starts a sequence). Compiled, the shape
+    cannot depend on the data: there are at most B·N sequences, so the tensor
+    has B·N + 1 entries, the real boundaries then B·N repeated (empty
+    sequences, which the attention skips). Eagerly it has S + 1."""
     batch, n = ids.shape
     total = batch * n
     first = torch.ones(batch, 1, dtype=torch.bool, device=ids.device)
     starts = torch.cat([first, ids[:, 1:] != ids[:, :-1]], dim=1).reshape(total)  # (B·N,)
     index = torch.arange(total, device=ids.device)
     bounds = torch.where(starts, index, total).sort().values  # starts ascending, then total
+    if not torch.compiler.is_compiling():  # eagerly, only the real boundaries (one host sync; the op reads them anyway)
+        bounds = bounds[: int(starts.sum())]
     return torch.cat([bounds, bounds.new_full((1,), total)])
 
 
