@@ -1,30 +1,43 @@
 """Hugging Face transformers: our attention behind ``attn_implementation``.
 
-    from dilcompile.integrations.transformers import register
+    from dilcompile.integrations.transformers import configure, register
     register()
-    cfg.dilcompile_segment_lengths, cfg.dilcompile_dilation_rates = [2048, 4096], [1, 2]
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dilcompile_dilated")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="dilcompile_dilated",
+                                                 dilcompile_segment_lengths=[2048, 4096],
+                                                 dilcompile_dilation_rates=[1, 2])
+    # or, on a model or config already built:
+    configure(model, segment_lengths=[2048, 4096], dilation_rates=[1, 2])
 
 ``register()`` adds two names to transformers' ``AttentionInterface`` and
-``AttentionMaskInterface``:
+``AttentionMaskInterface`` and makes the ``dilcompile_*`` config keys checked
+attributes of every transformers config (``hf_config``):
 
-- ``"dilcompile_dilated"``: :func:`dilcompile.dilated_attention`; model config
-  keys ``dilcompile_segment_lengths`` and ``dilcompile_dilation_rates``
+- ``"dilcompile_dilated"``: :func:`dilcompile.dilated_attention`; config keys
+  ``dilcompile_segment_lengths`` and ``dilcompile_dilation_rates``
   (required), ``dilcompile_mode`` (optional, default "longnet").
 - ``"dilcompile_block_sparse"``: :func:`dilcompile.block_sparse_attention`;
   config key ``dilcompile_pattern`` (required, a pattern spec string such as
   ``"local_window(window=256)"``), ``dilcompile_block_size`` (optional, 128).
 
-The mask function hands the attention the 2-D padding mask (or None) instead
-of a 4-D mask: the attention is causal when the module says so (``is_causal``)
-and padding becomes ``key_padding_mask``. It refuses, with a ValueError, what
-these cannot express exactly: masks other than plain causal / bidirectional
-(sliding windows, packed sequences, custom mask functions), and caches whose
-keys do not end at the last query (static or sliding caches; use the default
+Every sequence of a batch is computed as if it were alone (docs/design.md,
+"Variable-length batches"), whatever else shares the batch:
+
+- padding: the mask function hands the attention HF's 2-D padding mask, which
+  becomes ``key_padding_mask`` (padding is absence: positions count from a
+  row's first real token);
+- packing: several documents in one row, from HF's ``cu_seq_lens_q`` /
+  ``cu_seq_lens_k`` keywords (``DataCollatorWithFlattening``) or, without a
+  padding mask, from ``position_ids`` restarting (a new sequence wherever a
+  position is not the previous one + 1, transformers' rule).
+
+Both are tensor computations with fixed shapes: a model compiles with
+``fullgraph=True`` with or without a mask. The mask function refuses, with a
+ValueError, what these cannot express exactly: masks other than causal /
+bidirectional (sliding windows, custom mask functions), and caches whose keys
+do not end at the last query (static or sliding caches; use the default
 ``DynamicCache``). Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
-(set ``attention_dropout=0``). Positions inside the dilated geometry are
-indices into the key tensor (with left padding, the pads count).
+(set the config's attention dropout to 0, or call ``model.eval()``).
 """
 
 from __future__ import annotations
@@ -32,102 +45,193 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import hf_sequences
+from .hf_config import check_branches_of, configure, install_config_keys, pattern_of
+
+__all__ = ["NAMES", "configure", "register"]
+
 NAMES = ("dilcompile_dilated", "dilcompile_block_sparse")
 
 
-def _config_value(config, key: str, example: str, default=None, required: bool = True):
-    value = getattr(config, key, None)
-    if value is None:
-        if required:
-            raise ValueError(f"the model config has no {key}; set it before building the model, e.g. "
-                             f"config.{key} = {example}")
-        return default
-    return value
+def _closure(fn) -> dict:
+    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__ or ())))
+
+
+def _unpack_mask_function(mask_function):
+    """(base mask function, packed sequence ids or None): transformers wraps
+    the causal function for packed rows as and_masks(packed_sequence_mask_function(ids),
+    remap_positions_for_packed_sequence(causal, position_ids)); we take the
+    ids and handle the packing ourselves. Code objects identify the closures."""
+    from transformers import masking_utils as hf
+
+    is_and = getattr(mask_function, "__code__", None) is hf.and_masks().__code__
+    parts = _closure(mask_function).get("mask_functions") if is_and else None
+    if parts is None or len(parts) != 2:
+        return mask_function, None
+    packed, remapped = parts
+    if packed.__code__ is not hf.packed_sequence_mask_function(None).__code__ \
+            or remapped.__code__ is not hf.remap_positions_for_packed_sequence(None, None).__code__:
+        return mask_function, None
+    return _closure(remapped)["mask_function"], _closure(packed)["packed_sequence_mask"]
+
+
+def _windowed(config) -> bool:
+    """Whether a config declares sliding-window or chunked attention layers."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = getattr(config, "sliding_window", None) is not None and (not layer_types or any(
+        "sliding" in str(kind) for kind in layer_types))
+    return sliding or getattr(config, "attention_chunk_size", None) is not None
 
 
 def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
-    """AttentionMaskInterface entry: the (B, kv_length) bool padding mask
-    (True = keep, HF's convention) or None, after checking that the mask
-    HF asks for is one our attention expresses exactly."""
+    """AttentionMaskInterface entry. Returns what the attention needs: the
+    (B, kv_length) bool padding mask (True = keep, HF's convention), the
+    (B, N) int sequence ids of packed rows, or None."""
     from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
-    if mask_function not in (causal_mask_function, bidirectional_mask_function):
-        raise ValueError(f"dilcompile attention expresses only plain causal or bidirectional masks plus padding; "
-                         f"this model asks for {getattr(mask_function, '__name__', mask_function)!r} (a sliding "
-                         "window, packed sequences or a custom mask): use attn_implementation='sdpa' for it")
+    if mask_function in (causal_mask_function, bidirectional_mask_function):
+        base, packed_ids = mask_function, None
+    elif torch.compiler.is_compiling():
+        # A trace cannot look inside closures: unless the config declares windowed layers, take the
+        # composed function as transformers' packed-row composition of the causal mask (the one it
+        # builds under tracing when no padding mask is given); the attention reads the packing
+        # from position_ids.
+        base, packed_ids = (mask_function if _windowed(kwargs.get("config")) else causal_mask_function), None
+    else:
+        base, packed_ids = _unpack_mask_function(mask_function)
+    if base not in (causal_mask_function, bidirectional_mask_function):
+        raise ValueError(f"dilcompile attention expresses only plain causal or bidirectional masks plus padding "
+                         f"and packing; this model asks for {getattr(base, '__name__', base)!r} (a sliding "
+                         "window or a custom mask): use attn_implementation='sdpa' for it")
     if kv_offset != 0 or q_offset + q_length != kv_length:
         raise ValueError(f"dilcompile attention needs the keys to end at the last query (query i at key position "
                          f"Nk − Nq + i); got q_offset={q_offset}, q_length={q_length}, kv_offset={kv_offset}, "
                          f"kv_length={kv_length} — a static or sliding cache: use the default DynamicCache "
                          "(cache_implementation=None)")
     if attention_mask is None:
-        return None
+        return packed_ids
     attention_mask = attention_mask[:, -kv_length:].bool()
     if attention_mask.shape[1] != kv_length:
         raise ValueError(f"attention_mask covers {attention_mask.shape[1]} keys but the attention sees {kv_length}; "
                          "pass a (batch, past + new tokens) padding mask")
-    return None if bool(attention_mask.all()) else attention_mask
+    return attention_mask
 
 
 def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float):
-    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v, causal, key_padding_mask."""
+    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v and causal."""
     if dropout:
         raise ValueError(f"dilcompile attention takes no attention-probability dropout (got {dropout}); set the "
-                         "model config's attention_dropout=0.0")
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype != torch.bool):
+                         "config's attention dropout to 0.0 (attention_dropout, or attention_probs_dropout_prob "
+                         "for BERT-style models), or call model.eval() for inference")
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype.is_floating_point):
         raise ValueError(f"dilcompile attention got an attention_mask of shape {tuple(attention_mask.shape)} and "
-                         f"dtype {attention_mask.dtype}; it takes the (B, Nk) padding mask its registered mask "
-                         "function builds — call dilcompile.integrations.transformers.register() and build the "
-                         "model with the same attn_implementation")
+                         f"dtype {attention_mask.dtype}; it takes the 2-D mask its registered mask function "
+                         "builds — call dilcompile.integrations.transformers.register() and build the model "
+                         "with the same attn_implementation")
     groups = query.shape[1] // key.shape[1]
     if groups * key.shape[1] != query.shape[1]:
         raise ValueError(f"query has {query.shape[1]} heads, not a multiple of the {key.shape[1]} key/value heads")
     if groups > 1:  # grouped-query attention: kv head j serves query heads [j·groups, (j+1)·groups)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    causal = bool(getattr(module, "is_causal", True))
-    key_padding_mask = None if attention_mask is None else ~attention_mask
-    return query, key, value, causal, key_padding_mask
+    return query, key, value, bool(getattr(module, "is_causal", True))
+
+
+def _attend(attention, module, query, key, value, attention_mask, dropout, kwargs) -> Tensor:
+    """Run ``attention(q, k, v, causal, **sequences)`` with the batch's
+    sequences described as the attention API takes them; → (B, Nq, H, D)."""
+    q, k, v, causal = _inputs(module, query, key, value, attention_mask, dropout)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    is_padding = attention_mask is not None and attention_mask.dtype == torch.bool
+    if cu_q is not None or cu_k is not None:  # packed rows, boundaries given (DataCollatorWithFlattening)
+        if is_padding:
+            raise ValueError("cu_seq_lens_q / cu_seq_lens_k describe packed rows; pass them without an "
+                             "attention_mask (packed rows have no padding)")
+        out = attention(q, k, v, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        return out.transpose(1, 2).contiguous()
+
+    def plain(q, k, v):
+        return attention(q, k, v, causal)
+
+    if is_padding:
+        pads = ~attention_mask  # (B, Nk), True = pad
+
+        def padded(q, k, v, pads):
+            return attention(q, k, v, causal, key_padding_mask=pads)
+
+        out = _plain_unless(pads.any(), padded, plain, q, k, v, pads)
+    else:
+        ids = attention_mask  # (B, N) ids of packed rows found by transformers' mask preparation, or None
+        position_ids = kwargs.get("position_ids")
+        if ids is None and position_ids is not None and q.shape[2] == k.shape[2]:
+            ids = hf_sequences.ids_from_positions(position_ids, q.shape[0])
+
+        def packed(q, k, v, ids):
+            flat = [hf_sequences.flatten(t) for t in (q, k, v)]
+            out = attention(*flat, causal, cu_seqlens=hf_sequences.cu_seqlens_of(ids))
+            return hf_sequences.unflatten(out, q.shape[0])
+
+        out = plain(q, k, v) if ids is None else _plain_unless((ids[:, -1] != 0).any(), packed, plain, q, k, v, ids)
+    return out.transpose(1, 2).contiguous()
+
+
+def _plain_unless(needed: Tensor, special, plain, q: Tensor, k: Tensor, v: Tensor, data: Tensor) -> Tensor:
+    """``special(q, k, v, data)`` (padded / packed rows) if ``needed``, else
+    the batched ``plain(q, k, v)`` — equal results when not needed, plain
+    being one call for the batch. Eagerly a Python branch (one host sync);
+    compiled a ``torch.cond`` (both branches in the graph, the choice at run time)."""
+    if not torch.compiler.is_compiling():
+        return special(q, k, v, data) if bool(needed) else plain(q, k, v)
+    # cond wants both branches' outputs and input gradients laid out alike: both take and give
+    # the rows end to end (1, H, B·N, D).
+    batch = q.shape[0]
+
+    def on_rows(fn):
+        return lambda *flat: hf_sequences.flatten(fn(*(hf_sequences.unflatten(t, batch) for t in flat[:3]),
+                                                     *flat[3:]))
+
+    flat = [hf_sequences.flatten(t) for t in (q, k, v)]
+    out = torch.cond(needed, on_rows(special), on_rows(lambda q, k, v, data: plain(q, k, v)), (*flat, data))
+    return hf_sequences.unflatten(out, batch)
 
 
 def dilated_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """AttentionInterface entry for ``"dilcompile_dilated"``; returns ((B, Nq, H, D), None)."""
     from .. import dilated_attention
 
-    config = module.config
-    segments = _config_value(config, "dilcompile_segment_lengths", "[2048, 4096]")
-    rates = _config_value(config, "dilcompile_dilation_rates", "[1, 2]")
-    mode = _config_value(config, "dilcompile_mode", "'longnet'", "longnet", required=False)
-    q, k, v, causal, key_padding_mask = _inputs(module, query, key, value, attention_mask, dropout)
-    out = dilated_attention(q, k, v, segment_lengths=tuple(segments), dilation_rates=tuple(rates), causal=causal,
-                            mode=mode, scale=scaling, key_padding_mask=key_padding_mask)
-    return out.transpose(1, 2).contiguous(), None
+    segments, rates, mode = check_branches_of(module.config)
+
+    def attention(q, k, v, causal, **sequences):
+        return dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode,
+                                 scale=scaling, **sequences)
+
+    return _attend(attention, module, query, key, value, attention_mask, dropout, kwargs), None
 
 
 def block_sparse_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """AttentionInterface entry for ``"dilcompile_block_sparse"``; returns ((B, Nq, H, D), None)."""
     from .. import block_sparse_attention
 
-    config = module.config
-    pattern = _config_value(config, "dilcompile_pattern", "'local_window(window=256)'")
-    block_size = _config_value(config, "dilcompile_block_size", "128", 128, required=False)
-    q, k, v, causal, key_padding_mask = _inputs(module, query, key, value, attention_mask, dropout)
-    if key_padding_mask is not None:
-        raise ValueError("dilcompile_block_sparse takes no padding mask (the pattern is batch-independent): pass "
-                         "unpadded batches, or use attn_implementation='dilcompile_dilated'")
-    out = block_sparse_attention(q, k, v, pattern, causal=causal, scale=scaling, block_size=block_size)
-    return out.transpose(1, 2).contiguous(), None
+    pattern, block_size = pattern_of(module.config)
+
+    def attention(q, k, v, causal, **sequences):
+        return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scaling, block_size=block_size,
+                                      **sequences)
+
+    return _attend(attention, module, query, key, value, attention_mask, dropout, kwargs), None
 
 
 def register() -> None:
     """Register ``"dilcompile_dilated"`` and ``"dilcompile_block_sparse"`` with
-    transformers' attention and mask interfaces (idempotent)."""
+    transformers' attention and mask interfaces, and make the ``dilcompile_*``
+    config keys checked attributes of ``PreTrainedConfig`` (idempotent)."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as exc:
         raise ImportError("dilcompile.integrations.transformers needs transformers: "
                           "pip install 'dilcompile[hf]'") from exc
+    install_config_keys()
     for name, forward in zip(NAMES, (dilated_forward, block_sparse_forward)):
         AttentionInterface.register(name, forward)
         AttentionMaskInterface.register(name, _padding_mask)

@@ -1,0 +1,154 @@
+"""The ``dilcompile_*`` keys of a Hugging Face model config, checked when they are set.
+
+``install_config_keys()`` (called by ``register()``) makes each key a
+validating attribute of transformers' ``PreTrainedConfig``, so every way of
+setting one checks it there and then, with one error naming the key:
+
+    config.dilcompile_segment_lengths = [2048, 4096]                  # attribute
+    AutoConfig.from_pretrained(path, dilcompile_segment_lengths=[...])  # kwargs
+    AutoModel.from_pretrained(path, attn_implementation="dilcompile_dilated",
+                              dilcompile_segment_lengths=[...], dilcompile_dilation_rates=[...])
+    configure(model_or_config, segment_lengths=[...], dilation_rates=[...])  # also checks the keys together
+
+Values are stored in the instance's ``__dict__`` as plain lists, ints and
+strings, so ``to_dict`` / ``save_pretrained`` write them to config.json and
+loading the checkpoint sets (and checks) them again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..checks import check_positive_ints
+from ..dilated.geometry import MODES
+from ..patterns import from_spec
+
+_PATTERNS: dict = {}  # spec string → Pattern, built eagerly when the key is set (compiled code only reads it)
+
+
+def _int_list(key: str, value) -> list[int]:
+    if isinstance(value, (int, str, bytes)):
+        example = f"[{value}]" if isinstance(value, int) and not isinstance(value, bool) else "[2048, 4096]"
+        raise TypeError(f"{key} must be a list of ints, one per branch, e.g. {example}; got the "
+                        f"{type(value).__name__} {value!r}")
+    return list(check_positive_ints(key, value))
+
+
+def _mode(key: str, value) -> str:
+    if value not in MODES:
+        raise ValueError(f"{key} must be one of {MODES}, got {value!r}")
+    return value
+
+
+def _pattern(key: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a pattern spec string such as 'local_window(window=256)' (a config is "
+                        f"saved as JSON), got {type(value).__name__} {value!r}")
+    try:
+        _PATTERNS[value] = from_spec(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{key} = {value!r} is not a valid pattern spec: {err}") from err
+    return value
+
+
+def _block_size(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TypeError(f"{key} must be a positive int such as 128, got {type(value).__name__} {value!r}")
+    return value
+
+
+CHECKS = {  # key → check(key, value) → the value to store
+    "dilcompile_segment_lengths": _int_list,
+    "dilcompile_dilation_rates": _int_list,
+    "dilcompile_mode": _mode,
+    "dilcompile_pattern": _pattern,
+    "dilcompile_block_size": _block_size,
+}
+
+
+class _CheckedKey:
+    """A config attribute checked on assignment; None (the default) means unset."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __get__(self, config, owner=None):
+        if config is None:
+            return self
+        return config.__dict__.get(self.key)
+
+    def __set__(self, config, value):
+        config.__dict__[self.key] = None if value is None else CHECKS[self.key](self.key, value)
+
+
+def install_config_keys() -> None:
+    """Make the ``dilcompile_*`` keys checked attributes of every transformers config (idempotent)."""
+    from transformers import PreTrainedConfig
+
+    for key in CHECKS:
+        if not isinstance(PreTrainedConfig.__dict__.get(key), _CheckedKey):
+            setattr(PreTrainedConfig, key, _CheckedKey(key))
+
+
+def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    """(segment_lengths, dilation_rates, mode) of a config for ``"dilcompile_dilated"``."""
+    segments = _required(config, "dilcompile_segment_lengths", "[2048, 4096]")
+    rates = _required(config, "dilcompile_dilation_rates", "[1, 2]")
+    if len(segments) != len(rates):
+        raise ValueError(f"dilcompile_segment_lengths {segments} and dilcompile_dilation_rates {rates} must have "
+                         "the same length (one rate per segment length)")
+    return tuple(segments), tuple(rates), getattr(config, "dilcompile_mode", None) or "longnet"
+
+
+def pattern_of(config):
+    """(Pattern, block_size) of a config for ``"dilcompile_block_sparse"``."""
+    spec = _required(config, "dilcompile_pattern", "'local_window(window=256)'")
+    # Built when the key was set; compiled code only looks it up (a pattern built inside a trace has no op arguments).
+    return _PATTERNS[spec], getattr(config, "dilcompile_block_size", None) or 128
+
+
+def _required(config, key: str, example: str):
+    value = getattr(config, key, None)
+    if value is None:
+        raise ValueError(f"the model config has no {key}; set it with dilcompile.integrations.transformers."
+                         f"configure(model, ...) or config.{key} = {example}")
+    # Checked when set; checked again eagerly for values put in a config's __dict__ directly
+    # (not under a trace, which cannot run the pattern parser).
+    return value if torch.compiler.is_compiling() else CHECKS[key](key, value)
+
+
+def configure(target, *, segment_lengths=None, dilation_rates=None, mode=None, pattern=None, block_size=None):
+    """Set and check the ``dilcompile_*`` keys of a model or config; returns ``target``.
+
+    ``target`` is a transformers ``PreTrainedConfig`` or model (then every
+    config its modules hold — a composite model's sub-configs too — gets
+    the keys). Each value is checked here, and the dilated keys together
+    (one dilation rate per segment length), so a bad value fails now, not
+    at the first forward. Arguments left None are not changed.
+
+    Args:
+        segment_lengths, dilation_rates: lists of positive ints, one per
+            branch (``"dilcompile_dilated"``).
+        mode: "longnet" (default) or "groups".
+        pattern: a pattern spec string (``"dilcompile_block_sparse"``).
+        block_size: tokens per block (block-sparse, default 128).
+    """
+    from transformers import PreTrainedConfig
+
+    values = {"dilcompile_segment_lengths": segment_lengths, "dilcompile_dilation_rates": dilation_rates,
+              "dilcompile_mode": mode, "dilcompile_pattern": pattern, "dilcompile_block_size": block_size}
+    values = {key: CHECKS[key](key, value) for key, value in values.items() if value is not None}
+    if isinstance(target, PreTrainedConfig):
+        configs = [target]
+    elif hasattr(target, "modules") and isinstance(getattr(target, "config", None), PreTrainedConfig):
+        configs = list({id(c): c for c in (getattr(m, "config", None) for m in target.modules())
+                        if isinstance(c, PreTrainedConfig)}.values())
+    else:
+        raise TypeError(f"configure takes a transformers model or PreTrainedConfig, got {type(target).__name__}")
+    for config in configs:
+        for key, value in values.items():
+            config.__dict__[key] = value  # checked above; also right before register() installs the keys
+        if config.__dict__.get("dilcompile_segment_lengths") is not None \
+                or config.__dict__.get("dilcompile_dilation_rates") is not None:
+            check_branches_of(config)
+    return target

@@ -1,0 +1,113 @@
+"""Hugging Face integration, configuration: the dilcompile_* keys are checked
+when they are set — by attribute, configure(), AutoConfig / from_pretrained
+keywords, or loading a saved config — with one error naming the key."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+from dilcompile.integrations.transformers import configure, register
+
+register()
+
+KEYS = {"dilcompile_segment_lengths": [4, 8], "dilcompile_dilation_rates": [1, 2]}
+
+
+def _config():
+    return LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A tiny dense Llama checkpoint (sdpa, no dilcompile keys)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_config(), dtype=torch.float64)
+    model.save_pretrained(tmp_path)
+    return tmp_path, model
+
+
+@pytest.mark.parametrize("value, error, says", [
+    (64, TypeError, r"dilcompile_segment_lengths must be a list of ints.*\[64\].*int 64"),
+    ("64", TypeError, r"dilcompile_segment_lengths must be a list of ints.*str '64'"),
+    (["6", "4"], TypeError, r"dilcompile_segment_lengths must hold ints"),
+    ([64, 0], ValueError, r"dilcompile_segment_lengths must be ≥ 1"),
+    ([], ValueError, r"dilcompile_segment_lengths is empty"),
+])
+def test_bad_value_is_refused_when_set(value, error, says):
+    cfg = _config()
+    with pytest.raises(error, match=says):
+        cfg.dilcompile_segment_lengths = value
+    with pytest.raises(error, match=says):
+        configure(cfg, segment_lengths=value, dilation_rates=[1])
+    with pytest.raises(error, match=says):
+        AutoConfig.for_model("llama", dilcompile_segment_lengths=value)
+
+
+@pytest.mark.parametrize("key, value, error, says", [
+    ("dilcompile_dilation_rates", 2, TypeError, r"dilcompile_dilation_rates must be a list of ints.*\[2\]"),
+    ("dilcompile_mode", "dense", ValueError, r"dilcompile_mode must be one of"),
+    ("dilcompile_pattern", "local_window(", ValueError, r"dilcompile_pattern = 'local_window\(' is not a valid"),
+    ("dilcompile_pattern", 7, TypeError, r"dilcompile_pattern must be a pattern spec string"),
+    ("dilcompile_block_size", "128", TypeError, r"dilcompile_block_size must be a positive int"),
+])
+def test_other_keys_are_checked_when_set(key, value, error, says):
+    with pytest.raises(error, match=says):
+        setattr(_config(), key, value)
+
+
+def test_configure_checks_the_keys_together_and_sets_every_config_of_a_model():
+    with pytest.raises(ValueError, match="same length"):
+        configure(_config(), segment_lengths=[4, 8], dilation_rates=[1])
+    with pytest.raises(ValueError, match="no dilcompile_dilation_rates"):
+        configure(_config(), segment_lengths=[4, 8])
+    with pytest.raises(TypeError, match="configure takes a transformers model or PreTrainedConfig"):
+        configure({"segment_lengths": [4]}, segment_lengths=[4], dilation_rates=[1])
+    model = AutoModelForCausalLM.from_config(_config(), attn_implementation="dilcompile_dilated")
+    assert configure(model, segment_lengths=[4, 8], dilation_rates=[1, 2], mode="groups") is model
+    for layer in model.model.layers:
+        assert layer.self_attn.config.dilcompile_segment_lengths == [4, 8]
+        assert layer.self_attn.config.dilcompile_mode == "groups"
+    model(torch.randint(0, 61, (1, 11)))
+
+
+def test_from_pretrained_keywords_configure_the_model(saved):
+    """The obvious path: keys as from_pretrained keywords (a TypeError from the model's __init__ before)."""
+    path, dense = saved
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="dilcompile_dilated",
+                                                 dtype=torch.float64, **KEYS)
+    assert model.config.dilcompile_segment_lengths == [4, 8]
+    ids = torch.randint(0, 61, (2, 19))
+    built = AutoModelForCausalLM.from_config(configure(_config(), segment_lengths=[4, 8], dilation_rates=[1, 2]),
+                                             attn_implementation="dilcompile_dilated", dtype=torch.float64)
+    built.load_state_dict(dense.state_dict())
+    torch.testing.assert_close(model(ids).logits, built.eval()(ids).logits, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="dilcompile_segment_lengths must be a list of ints"):
+        AutoModelForCausalLM.from_pretrained(path, attn_implementation="dilcompile_dilated",
+                                             dilcompile_segment_lengths=64, dilcompile_dilation_rates=[1])
+
+
+def test_autoconfig_keywords_are_kept_and_saved(saved, tmp_path_factory):
+    """AutoConfig.from_pretrained(path, dilcompile_...=...) kept the keys (it dropped them silently before);
+    save_pretrained writes them to config.json and loading checks them again."""
+    path, _ = saved
+    cfg = AutoConfig.from_pretrained(path, **KEYS)
+    assert (cfg.dilcompile_segment_lengths, cfg.dilcompile_dilation_rates) == ([4, 8], [1, 2])
+    out = tmp_path_factory.mktemp("configured")
+    cfg.save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["dilcompile_segment_lengths"] == [4, 8]
+    assert AutoConfig.from_pretrained(out).dilcompile_dilation_rates == [1, 2]
+    (out / "config.json").write_text(json.dumps(
+        json.loads((out / "config.json").read_text()) | {"dilcompile_dilation_rates": 2}))
+    with pytest.raises(TypeError, match="dilcompile_dilation_rates must be a list of ints"):
+        AutoConfig.from_pretrained(out)
+
+
+def test_unset_keys_read_as_none_and_fail_at_forward_naming_the_key():
+    cfg = _config()
+    assert cfg.dilcompile_segment_lengths is None and "dilcompile_segment_lengths" not in cfg.to_dict()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dilcompile_block_sparse")
+    with pytest.raises(ValueError, match="no dilcompile_pattern; set it with .*configure"):
+        model(torch.randint(0, 61, (1, 5)))
