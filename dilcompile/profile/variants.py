@@ -52,14 +52,16 @@ class Variant:
     needs_branches: bool  # needs segments/rates
     help: str
     requires: Callable[[], None] | None = None  # raises VariantUnavailable if a dependency is missing
+    takes_pattern: bool = False  # named "<name>:<pattern spec>"
 
 
 REGISTRY: dict[str, Variant] = {}
 
 
-def register(name: str, help: str, needs_branches: bool = False, requires: Callable[[], None] | None = None):
+def register(name: str, help: str, needs_branches: bool = False, requires: Callable[[], None] | None = None,
+             takes_pattern: bool = False):
     def deco(build):
-        REGISTRY[name] = Variant(name, build, needs_branches, help, requires)
+        REGISTRY[name] = Variant(name, build, needs_branches, help, requires, takes_pattern)
         return build
     return deco
 
@@ -71,9 +73,9 @@ def resolve(name: str) -> tuple[Variant, str]:
         raise UnknownVariant(f"unknown variant {name!r}; known: {', '.join(sorted(REGISTRY))} "
                              "(block-sparse takes a pattern: block-sparse:<spec>)")
     variant = REGISTRY[base]
-    if base == BLOCK_SPARSE and not arg:
-        raise UnknownVariant("variant block-sparse needs a pattern: block-sparse:<spec>, e.g. block-sparse:local_window(256)")
-    if base != BLOCK_SPARSE and arg:
+    if variant.takes_pattern and not arg:
+        raise UnknownVariant(f"variant {base} needs a pattern: {base}:<spec>, e.g. {base}:local_window(256)")
+    if not variant.takes_pattern and arg:
         raise UnknownVariant(f"variant {base!r} takes no ':' argument, got {name!r}")
     return variant, arg
 
@@ -85,7 +87,7 @@ def check_point(point: Point) -> None:
         raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
     if variant.requires is not None:
         variant.requires()
-    if variant.name == BLOCK_SPARSE:  # a bad pattern spec is a usage error, not a failed row
+    if variant.takes_pattern:  # a bad pattern spec is a usage error, not a failed row
         from dilcompile.patterns import from_spec
         try:
             from_spec(point.variant.partition(":")[2])
@@ -234,7 +236,7 @@ def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
 
 
 @register(BLOCK_SPARSE, "block_sparse_attention with a pattern spec: block-sparse:<spec>",
-          requires=_requires_block_sparse)
+          requires=_requires_block_sparse, takes_pattern=True)
 def _block_sparse(point: Point, spec: str) -> Built:
     try:
         from dilcompile.block_sparse import block_sparse_attention
@@ -266,6 +268,67 @@ def _block_sparse_impl(pattern, q, point: Point) -> str:
     if impl == "flex":
         cache.block_mask(pattern, point.causal, point.batch, point.heads, point.seq_len, 128, q.device)
     return impl
+
+
+def _layout_point(point: Point, layout: str) -> list[int]:
+    """The document lengths a layout variant splits ``point.seq_len`` into."""
+    from .documents import document_lengths
+
+    if point.batch != 1:
+        raise ValueError(f"layout variants take batch 1 (seq_len is the batch's total tokens), got {point.batch}")
+    if layout == "padded-dense" and not point.causal:
+        raise ValueError("the padded-dense layout is exact only when causal (a right pad never precedes a real token)")
+    return document_lengths(point.seq_len)
+
+
+def _layout_built(point: Point, layout: str, attend, count, impl: str, mode: str | None, config: dict,
+                  key: tuple) -> Built:
+    from .documents import layout_callable, layout_inputs, useful_nnz
+
+    lengths = _layout_point(point, layout)
+    inputs = layout_inputs(layout, lengths, point.heads, point.head_dim, getattr(torch, point.dtype), point.device,
+                           point.pass_ == "fwd_bwd")
+    config = {**config, "layout": layout, "documents": len(lengths), "longest": max(lengths)}
+    return Built(layout_callable(layout, lengths, attend, point.device), inputs,
+                 _flops(point, useful_nnz(lengths, count)), impl=impl, mode=mode, config=config,
+                 key=(*key, layout, tuple(lengths)))
+
+
+def _register_layouts() -> None:
+    """dilated-<layout> and block-sparse-<layout>:<spec> for each layout of
+    ``documents.LAYOUTS``: a batch of seq_len tokens in long-tailed documents."""
+    from .documents import LAYOUTS
+
+    for layout in LAYOUTS:
+        def dilated(point: Point, arg: str, layout=layout) -> Built:
+            from ..dilated import dilated_attention
+            from ..dilated.geometry import nnz, plan_parts
+
+            kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal)
+            parts = plan_parts(point.heads, point.segments, point.rates, "longnet")
+            return _layout_built(point, layout, lambda q, k, v, **varlen: dilated_attention(q, k, v, **kw, **varlen),
+                                 lambda n: nnz(parts, point.heads, n, point.causal), "sdpa", "longnet",
+                                 {"segments": list(point.segments), "rates": list(point.rates)},
+                                 ("dilated", point.segments, point.rates, point.causal))
+
+        def block_sparse(point: Point, spec: str, layout=layout) -> Built:
+            from dilcompile.block_sparse import block_sparse_attention
+            from dilcompile.patterns import from_spec
+
+            pattern = from_spec(spec)
+            return _layout_built(
+                point, layout,
+                lambda q, k, v, **varlen: block_sparse_attention(q, k, v, pattern, causal=point.causal, **varlen),
+                lambda n: pattern_nnz(pattern, point.heads, n, point.causal), "auto", None, {"pattern": spec},
+                ("block-sparse", spec, point.causal))
+
+        what = f"documents of long-tailed lengths filling seq_len, layout {layout!r} (profile/documents.py)"
+        register(f"{DILATED}-{layout}", f"dilated attention on {what}", needs_branches=True)(dilated)
+        register(f"{BLOCK_SPARSE}-{layout}", f"block-sparse attention on {what}: {BLOCK_SPARSE}-{layout}:<spec>",
+                 requires=_requires_block_sparse, takes_pattern=True)(block_sparse)
+
+
+_register_layouts()
 
 
 def describe() -> str:
