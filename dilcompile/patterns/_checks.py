@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
+# Sizes (windows, strides, token counts) beyond 2^40 tokens describe no sequence a
+# pattern will meet, and products of them with positions would overflow int64 later.
+MAX_SIZE = 2**40
 
-def check_int(name: str, value, minimum: int = 0) -> int:
+
+def check_int(name: str, value, minimum: int = 0, maximum: int | None = MAX_SIZE) -> int:
+    """An int (not a bool) in [minimum, maximum]; ``maximum=None`` for no bound (a seed)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be ≥ {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be ≤ 2**40 (a token count), got {value}")
     return int(value)
 
 

@@ -80,7 +80,9 @@ class random_blocks(Pattern):  # noqa: N801
     def __post_init__(self):
         object.__setattr__(self, "rate", check_fraction("density", self.rate))
         object.__setattr__(self, "block_size", check_int("block_size", self.block_size, 1))
-        object.__setattr__(self, "seed", check_int("seed", self.seed))
+        # The hash reduces seed·S mod 2^31 (S odd), so a seed is its residue mod 2^31: kept as
+        # that residue, any seed ≥ 0 is served and the op's numbers stay exact in float64.
+        object.__setattr__(self, "seed", check_int("seed", self.seed, maximum=None) % (_MASK31 + 1))
 
     def _threshold(self) -> int:
         return int(self.rate * (_MASK31 + 1))
