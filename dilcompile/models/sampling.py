@@ -67,6 +67,8 @@ def left_pad(prompts) -> tuple[Tensor, Tensor | None]:
         if not isinstance(p, Tensor) or p.dim() != 1:
             got = type(p).__name__ if not isinstance(p, Tensor) else f"shape {tuple(p.shape)}"
             raise TypeError(f"idx as a list holds 1-D tensors of token ids, got {got} at index {i}")
+        if p.shape[0] == 0:
+            raise ValueError(f"idx[{i}] is an empty prompt; every prompt needs ≥ 1 token (e.g. a BOS token)")
         if p.dtype != prompts[0].dtype or p.device != prompts[0].device:
             raise ValueError(f"idx[{i}] is {p.dtype} on {p.device} but idx[0] is {prompts[0].dtype} on "
                              f"{prompts[0].device}; pass prompts of one dtype and device")
