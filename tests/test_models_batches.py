@@ -119,6 +119,13 @@ def test_a_batch_of_prompts_generates_each_prompts_greedy_tokens_and_logits_alon
     out = model.generate(idx, new, temperature=0, key_padding_mask=mask)
     for row, a, p in zip(out, alone, prompts):
         assert torch.equal(row[width - len(p) :], a)
+    # Right-padded: the pads lie between each prompt and its new tokens.
+    idx = torch.stack([torch.cat([p, torch.full((width - len(p),), -5)]) for p in prompts])
+    right = torch.stack([torch.arange(width) >= len(p) for p in prompts])
+    for use_cache in (True, False):
+        out_right = model.generate(idx, new, temperature=0, key_padding_mask=right, use_cache=use_cache)
+        for row, m, a in zip(out_right, right, alone):
+            assert torch.equal(row[torch.cat([~m, torch.ones(new, dtype=torch.bool)])], a)
     # And every step's logits, not only their argmax.
     full_mask = torch.cat([mask, torch.zeros(len(prompts), new, dtype=torch.bool)], 1)
     with torch.no_grad():
@@ -148,9 +155,17 @@ def test_generation_past_max_seq_len_crops_each_row_to_its_own_last_tokens():
     row's last max_seq_len real tokens: the rows still equal their prompts alone."""
     model = _model(4)
     prompts = [torch.randint(0, VOCAB, (n,)) for n in (30, 12, 1)]
-    got = model.generate(prompts, 9, temperature=0)
-    for g, p in zip(got, prompts):
-        assert torch.equal(g, model.generate(p[None], 9, temperature=0, use_cache=False)[0])
+    alone = [model.generate(p[None], 9, temperature=0, use_cache=False)[0] for p in prompts]
+    got = model.generate(prompts, 9, temperature=0)  # left-padded: each row's last tokens are the last columns
+    assert all(torch.equal(g, a) for g, a in zip(got, alone))
+    # Right-padded, the pads lie between a row's prompt and its new tokens: the
+    # crop keeps each row's own last max_seq_len real tokens, not the last columns
+    # (and drops the leading column, a pad in every row).
+    idx = torch.stack([torch.cat([p.new_zeros(1), p, p.new_zeros(30 - len(p))]) for p in prompts])
+    mask = torch.stack([(torch.arange(31) == 0) | (torch.arange(31) > len(p)) for p in prompts])
+    out = model.generate(idx, 9, temperature=0, key_padding_mask=mask)
+    for row, m, a in zip(out, mask, alone):
+        assert torch.equal(row[torch.cat([~m, torch.ones(9, dtype=torch.bool)])], a)
     with pytest.raises(ValueError, match="use_cache=False"):  # the longest row decides
         model.generate(prompts, 9, use_cache=True)
 

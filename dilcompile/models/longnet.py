@@ -17,7 +17,7 @@ from ..checks import INT64_MAX, check_bool, check_int
 from ..kv_cache import KVCache, keys_dtype
 from ..multihead import MultiheadDilatedAttention
 from ..varlen import _check_cu_tensor, check_padding_mask, packed_sequences
-from .sampling import check_prompt, check_sampling, crop_rows, left_pad, pick
+from .sampling import check_prompt, check_sampling, crop_rows, last_real, left_pad, pick
 
 
 @dataclass(frozen=True)
@@ -238,8 +238,11 @@ class LongNetDecoder(nn.Module):
                 context, context_mask = crop_rows(torch.cat(out, 1), mask, self.config.max_seq_len)
                 logits, _ = forward(context, **({} if mask is None else {"key_padding_mask": context_mask}))
             else:
+                context_mask = mask
                 logits, _ = forward(step, cache=cache, start_pos=idx.shape[1] + i - step.shape[1], **padded)
-            step = pick(logits[:, -1], temperature, top_k, generator)  # (B, 1)
+            # The prompt's last real token (a right-padded prompt ends in pads); then the newest token, last.
+            last = logits[:, -1] if i or mask is None else logits[torch.arange(idx.shape[0]), last_real(context_mask)]
+            step = pick(last, temperature, top_k, generator)  # (B, 1)
             out.append(step)
             if mask is not None:
                 mask = torch.cat([mask, mask.new_zeros(mask.shape[0], 1)], 1)  # new tokens are real

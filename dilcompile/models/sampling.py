@@ -92,6 +92,12 @@ def crop_rows(idx: Tensor, mask: Tensor | None, max_len: int) -> tuple[Tensor, T
     return idx[:, first:], mask[:, first:]
 
 
+def last_real(mask: Tensor) -> Tensor:
+    """(B,) column of each row's last real token (mask (B, N), True = pad;
+    every row has one): where a right-padded prompt's next token is predicted."""
+    return mask.shape[1] - 1 - (~mask).flip(1).int().argmax(1)
+
+
 def pick(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
     """Next token (B, 1) from the last position's logits (B, vocab)."""
     if temperature == 0:
