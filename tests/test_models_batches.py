@@ -191,3 +191,13 @@ def test_compiled_batched_generation_equals_eager_and_does_not_recompile_per_tok
     model.generate([torch.randint(0, VOCAB, (n,)) for n in (4, 11)], 12, temperature=0, forward=compiled)
     assert counter.frame_count == frames, "a longer batched generation compiled again"
     torch._dynamo.reset()
+
+
+def test_compiled_packed_forward_fullgraph_equals_eager():
+    torch._dynamo.reset()
+    model = _model(7, num_layers=1)
+    idx, cu = torch.randint(0, VOCAB, (1, 40)), torch.tensor([0, 13, 14, 40])
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(idx, cu_seqlens=cu)[0], model(idx, cu_seqlens=cu)[0], **EXACT)
+    torch._dynamo.reset()
