@@ -100,7 +100,8 @@ def test_bad_start_pos_raises_naming_it(start_pos, error):
 
 def test_bad_forward_inputs_raise_naming_the_argument():
     model = _model()
-    for idx, error in ((torch.zeros(1, 2), TypeError), (torch.zeros(2, dtype=torch.long), ValueError), ([[1]], TypeError)):
+    bad = ((torch.zeros(1, 2), TypeError), (torch.zeros(2, dtype=torch.long), ValueError), ([[1]], TypeError))
+    for idx, error in bad:
         with pytest.raises(error, match="idx"):
             model(idx)
     with pytest.raises(TypeError, match="cache"):

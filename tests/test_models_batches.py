@@ -201,3 +201,15 @@ def test_compiled_packed_forward_fullgraph_equals_eager():
     with torch.no_grad():
         torch.testing.assert_close(compiled(idx, cu_seqlens=cu)[0], model(idx, cu_seqlens=cu)[0], **EXACT)
     torch._dynamo.reset()
+
+
+def test_a_padded_batch_may_be_wider_than_max_seq_len_but_a_row_may_not_be_longer():
+    model = _model(8)
+    idx = torch.randint(0, VOCAB, (2, 40))
+    mask = torch.arange(40)[None, :].expand(2, 40) < torch.tensor([[10], [8]])  # rows of 30 and 32 real tokens
+    with torch.no_grad():
+        got, _ = model(idx, key_padding_mask=mask)
+        want, _ = model(idx[1:, 8:])
+    torch.testing.assert_close(got[1, 8:], want[0], **EXACT)
+    with pytest.raises(ValueError, match="key_padding_mask holds more than max_seq_len=32"):
+        model(idx, key_padding_mask=mask & (torch.arange(40) < 7))

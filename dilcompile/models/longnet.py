@@ -123,8 +123,7 @@ class LongNetDecoder(nn.Module):
     def forward(self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None,
                 start_pos: int = 0, key_padding_mask: Tensor | None = None,
                 cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        if not torch.compiler.is_compiling():  # compiled calls are checked by their first eager run's rules
-            self._check_inputs(idx, cache, start_pos, key_padding_mask, cu_seqlens)
+        self._check_inputs(idx, cache, start_pos, key_padding_mask, cu_seqlens)
         n = idx.shape[1]
         if key_padding_mask is not None:  # (B, start_pos + N): real tokens counted from each row's first
             pos = (~key_padding_mask).cumsum(1)[:, -n:] - 1 + (start_pos if cache is None else 0)  # (B, N)
@@ -160,8 +159,11 @@ class LongNetDecoder(nn.Module):
         if key_padding_mask is not None:
             keys = width if cache is not None else idx.shape[1]
             check_padding_mask("key_padding_mask", key_padding_mask, idx.shape[0], keys, idx.device)
-            # Positions count real tokens only: the padded width may pass max_seq_len, a row may not.
-            if width > limit and (~key_padding_mask).sum(1).max() + (0 if cache is not None else start_pos) > limit:
+            # Positions count real tokens only: the padded width may pass max_seq_len, a row may not
+            # (a value check, a host sync: eager only).
+            offset = 0 if cache is not None else start_pos
+            eager = not torch.compiler.is_compiling()
+            if width > limit and eager and (~key_padding_mask).sum(1).max() + offset > limit:
                 raise ValueError(f"a row of key_padding_mask holds more than max_seq_len={limit} real tokens; "
                                  "crop the input or build the model with a larger max_seq_len")
             return
@@ -172,6 +174,8 @@ class LongNetDecoder(nn.Module):
             _check_cu_tensor("cu_seqlens", cu_seqlens, idx.device)
             if idx.shape[0] != 1:
                 raise ValueError(f"packed input (cu_seqlens) takes idx of shape (1, total), got {tuple(idx.shape)}")
+            if torch.compiler.is_compiling():  # the values (a host sync): eager only
+                return
             n = idx.shape[1]
             longest = max(s.nk for s in packed_sequences(cu_seqlens, cu_seqlens, n, n, ("cu_seqlens",) * 2))
             if longest > limit:
