@@ -53,6 +53,12 @@ class LongNetConfig:
         return cls(**json.loads(text))
 
 
+def _padding(mask: Tensor | None) -> dict:
+    """forward's padding keyword; an unpadded batch passes none (its compiled
+    step takes no mask input)."""
+    return {} if mask is None else {"key_padding_mask": mask}
+
+
 class Block(nn.Module):
     """Pre-LN decoder block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -235,20 +241,17 @@ class LongNetDecoder(nn.Module):
                              "the context instead")
         forward = self if forward is None else forward
         cache = self.new_cache(idx.shape[0], idx.shape[1] + max_new_tokens) if use_cache else None
-        mask, step, out = key_padding_mask, idx, [idx]
-        padded = {} if mask is None else {"key_padding_mask": mask}
+        mask, out = key_padding_mask, [idx]
         for i in range(max_new_tokens):
-            if cache is None:
+            if cache is None:  # the whole context again: each row's last max_seq_len tokens
                 context, context_mask = crop_rows(torch.cat(out, 1), mask, self.config.max_seq_len)
-                logits, _ = forward(context, **({} if mask is None else {"key_padding_mask": context_mask}))
-            else:
-                context_mask = mask
-                logits, _ = forward(step, cache=cache, start_pos=idx.shape[1] + i - step.shape[1], **padded)
-            # The prompt's last real token (a right-padded prompt ends in pads); then the newest token, last.
-            last = logits[:, -1] if i or mask is None else logits[torch.arange(idx.shape[0]), last_real(context_mask)]
-            step = pick(last, temperature, top_k, generator)  # (B, 1)
-            out.append(step)
+                logits, _ = forward(context, **_padding(context_mask))
+            else:  # the new tokens only: the prompt, then one token per step
+                context_mask, start = mask, idx.shape[1] + i - out[-1].shape[1]
+                logits, _ = forward(out[-1], cache=cache, start_pos=start, **_padding(mask))
+            # A right-padded prompt ends in pads: its next token follows its last real token.
+            last = logits[:, -1] if i or mask is None else logits[torch.arange(len(idx)), last_real(context_mask)]
+            out.append(pick(last, temperature, top_k, generator))  # (B, 1)
             if mask is not None:
-                mask = torch.cat([mask, mask.new_zeros(mask.shape[0], 1)], 1)  # new tokens are real
-                padded = {"key_padding_mask": mask}
+                mask = torch.cat([mask, mask.new_zeros(len(mask), 1)], 1)  # the new tokens are real
         return torch.cat(out, 1)

@@ -32,7 +32,7 @@ def check_prompt(idx, key_padding_mask, vocab_size: int) -> Tensor:
     """idx (B, N0) token ids, B, N0 ≥ 1, in [0, vocab_size) at the real
     tokens; key_padding_mask None or (B, N0) bool with a real token in every
     row. Returns the mask's real-token count of the longest row (N0 without a mask)."""
-    if not isinstance(idx, Tensor) or idx.dtype in (torch.bool,) or idx.is_floating_point() or idx.is_complex():
+    if not isinstance(idx, Tensor) or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
         got = type(idx).__name__ if not isinstance(idx, Tensor) else f"a tensor of {idx.dtype}"
         raise TypeError(f"idx must be an int tensor of token ids (B, N0) or a list of 1-D prompts, got {got}")
     if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
