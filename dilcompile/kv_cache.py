@@ -7,12 +7,26 @@ in place and returns views of positions ``[0, start + n)``. Nothing is
 reallocated per token, and the write position is an argument (not state
 kept here), so a compiled step with ``dynamic=True`` sees one symbolic int
 instead of a new constant per token.
+
+The buffers hold the keys in the dtype the projections produce: the
+parameters' dtype, or autocast's under ``torch.autocast`` (``keys_dtype``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def keys_dtype(param_dtype: torch.dtype, device) -> torch.dtype:
+    """The dtype of keys projected by parameters of ``param_dtype`` on
+    ``device``, now: autocast's dtype where autocast is on for the device
+    (it casts every floating input of a linear layer but float64), else the
+    parameters' own."""
+    device_type = torch.device(device).type
+    if param_dtype != torch.float64 and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return param_dtype
 
 
 class KVCache:
@@ -23,7 +37,9 @@ class KVCache:
         batch, num_heads, max_len, head_dim: the buffers are
             (num_layers, batch, num_heads, max_len, head_dim); ``max_len`` is
             the longest context (prompt + generated tokens).
-        dtype, device: of the buffers; the projected keys must match.
+        dtype, device: of the buffers; the projected keys must match
+            (under ``torch.autocast`` they have autocast's dtype: build the
+            cache with that dtype, as ``LongNetDecoder.new_cache`` does).
     """
 
     def __init__(self, num_layers: int, batch: int, num_heads: int, max_len: int, head_dim: int, *,
@@ -53,7 +69,9 @@ class KVCache:
     def check(self, layer: int, batch: int, num_heads: int, head_dim: int, dtype: torch.dtype, device,
               start: int, length: int) -> None:
         """Raise ValueError naming the mismatch (and the fix) if ``length`` new
-        tokens of this shape cannot be written at ``start`` of ``layer``."""
+        tokens of this shape cannot be written at ``start`` of ``layer``.
+        ``dtype``: of the projection's parameters; the keys have
+        ``keys_dtype(dtype, device)`` (autocast's under ``torch.autocast``)."""
         _, b, h, _, d = self.k.shape
         fix = "build KVCache(num_layers, batch, num_heads, max_len, head_dim, dtype=, device=) to match the model"
         if not 0 <= layer < self.num_layers:
@@ -61,8 +79,11 @@ class KVCache:
         for name, want, got in (("batch", b, batch), ("num_heads", h, num_heads), ("head_dim", d, head_dim)):
             if want != got:
                 raise ValueError(f"cache was built with {name}={want} but the input has {name}={got}; {fix}")
-        if dtype != self.k.dtype:
-            raise ValueError(f"cache has dtype {self.k.dtype} but the keys are {dtype}; {fix}")
+        keys = keys_dtype(dtype, device)
+        if keys != self.k.dtype:
+            why = "" if keys == dtype else f" (torch.autocast's dtype; the parameters are {dtype})"
+            raise ValueError(f"cache has dtype {self.k.dtype} but the keys are {keys}{why}; build the cache with "
+                             f"dtype={keys}, under the same autocast as the model call")
         if torch.device(device) != self.k.device:
             raise ValueError(f"cache is on {self.k.device} but the input is on {device}; {fix}")
         if start < 0 or start + length > self.max_len:

@@ -3,6 +3,8 @@ rows; LongNetDecoder.generate with the cache gives the recompute path's
 greedy tokens, eager and compiled (fullgraph, no recompile per token); a
 mismatched cache is a ValueError before any compute."""
 
+import copy
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -10,6 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from dilcompile import MultiheadBlockSparseAttention, MultiheadDilatedAttention
 from dilcompile.kv_cache import KVCache
 from dilcompile.models import LongNetConfig, LongNetDecoder
+from dilcompile.testing import assert_within_low_precision_budget
 
 SMALL = dict(vocab_size=19, max_seq_len=64, embed_dim=32, num_heads=4, num_layers=2, segment_lengths=(8, 16, 32),
              dilation_rates=(1, 2, 4))
@@ -81,3 +84,49 @@ def test_use_cache_beyond_max_seq_len_is_a_value_error():
     model = LongNetDecoder(LongNetConfig(**SMALL))
     with pytest.raises(ValueError, match="use_cache=False"):
         model.generate(torch.zeros(1, 60, dtype=torch.long), 10, use_cache=True)
+
+
+def _cached_logits(model, tokens, prompt_len, **cache_args):
+    """Logits (B, N, vocab) of every position of tokens, the prompt in one
+    call and then one token per call through a fresh cache."""
+    cache = model.new_cache(tokens.shape[0], **cache_args)
+    logits = [model(tokens[:, :prompt_len], cache=cache)[0]]
+    for pos in range(prompt_len, tokens.shape[1]):
+        logits.append(model(tokens[:, pos : pos + 1], cache=cache, start_pos=pos)[0])
+    return torch.cat(logits, 1)
+
+
+@pytest.mark.parametrize("explicit_dtype", [False, True], ids=["new_cache", "KVCache(dtype=bfloat16)"])
+def test_generate_under_autocast_matches_the_uncached_forward_within_the_bf16_budget(explicit_dtype):
+    """Under torch.autocast the projections give bf16 keys: the cache holds
+    them in bf16 (built by new_cache under the autocast, or explicitly), greedy
+    generation runs, and its logits are as close to the float64 model as the
+    plain uncached forward under the same autocast (flash-attention's rule)."""
+    torch.manual_seed(0)
+    model = LongNetDecoder(LongNetConfig(**SMALL)).eval()
+    model64 = copy.deepcopy(model).double()
+    prompt = torch.randint(0, 19, (2, 20))  # longer than the segments 8 and 16: every branch dilates
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        tokens = model.generate(prompt, 12, temperature=0)
+        cache_args = {"dtype": torch.bfloat16} if explicit_dtype else {}
+        cached = _cached_logits(model, tokens, 20, **cache_args)
+        plain, _ = model(tokens)
+    with torch.no_grad():
+        ref, _ = model64(tokens)
+    assert torch.equal(tokens[:, :20], prompt) and tokens.shape == (2, 32)
+    assert cached.dtype == torch.bfloat16
+    assert_within_low_precision_budget(cached, plain, ref)
+    # generate's tokens are the argmax of the cached logits at each step
+    assert torch.equal(tokens[:, 20:], cached[:, 19:-1].argmax(-1))
+
+
+def test_a_cache_of_another_dtype_than_the_keys_is_a_value_error_naming_autocast():
+    model = LongNetDecoder(LongNetConfig(**SMALL))
+    tokens = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"bfloat16 but the keys are torch.float32; build the cache with dtype"):
+        model(tokens, cache=KVCache(2, 2, 4, 64, 8, dtype=torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast's dtype"):
+        model(tokens, cache=KVCache(2, 2, 4, 64, 8))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the explicit bf16 cache is taken
+        logits, _ = model(tokens, cache=KVCache(2, 2, 4, 64, 8, dtype=torch.bfloat16))
+    assert logits.shape == (2, 4, 19)
