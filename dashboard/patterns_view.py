@@ -11,6 +11,10 @@ from dilcompile.dilated.config import check_branches
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
 
 MAX_N = 4096  # the picture is built as an (H, N, N) count; keep it small
+MAX_HEADS = 16
+# The dilated picture counts every (head, query, key): H·N² int64 cells, 128 MB at this bound
+# (N = 4096 for one head, N = 1024 for all 16) — built in the server, so bounded.
+MAX_CELLS = 2**24
 
 
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
@@ -27,10 +31,10 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
 def dilated_pattern(n: int, heads: int, segments, rates, mode: str = "longnet", causal: bool = False) -> dict:
     """The dilated config's attended triples: ``counts`` (H, N, N) int multiplicity,
     per-head ``density`` (list, counted with multiplicity ÷ N²) and the overall ``density``."""
-    if not 1 <= n <= MAX_N:
-        raise ValueError(f"N must be in 1..{MAX_N} for the picture, got {n}")
-    if heads < 1:
-        raise ValueError(f"heads must be ≥ 1, got {heads}")
+    _check_size(n, heads)
+    if heads * n * n > MAX_CELLS:
+        raise ValueError(f"H·N² = {heads}·{n}² exceeds the picture's {MAX_CELLS:,} cells: lower N or the heads "
+                         f"(N = {int((MAX_CELLS // heads) ** 0.5)} fits {heads} heads)")
     segments, rates = check_branches(tuple(segments), tuple(rates), mode)
     parts = plan_parts(heads, segments, rates, mode)
     counts = multiplicity(parts, heads, n, causal)  # (H, N, N)
@@ -54,6 +58,25 @@ EXAMPLES = {
 }
 
 
+def _check_size(n: int, heads: int) -> None:
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"N must be in 1..{MAX_N} for the picture, got {n}")
+    if not 1 <= heads <= MAX_HEADS:
+        raise ValueError(f"heads must be in 1..{MAX_HEADS} for the picture, got {heads}")
+
+
+def _check_fixed_length(pattern, n: int) -> None:
+    """A pattern made for one N (hilbert's grid), alone or inside a combinator,
+    is refused for another N before anything is built (a 4000×4000 grid's
+    curve took 10 s and 0.8 GB before its own mismatch error)."""
+    tokens = getattr(pattern, "num_tokens", None)
+    if tokens is not None and tokens != n:
+        raise ValueError(f"{pattern!r} is for N = {tokens} tokens, the picture has N = {n}; "
+                         "give a grid of N tokens (height · width = N)")
+    for part in getattr(pattern, "patterns", ()):
+        _check_fixed_length(part, n)
+
+
 def static_pattern_names() -> list[str]:
     """Pattern names the page can draw: all but the data-dependent ones (adaptive)."""
     return [name for name in patterns.PATTERN_NAMES if not patterns.PATTERNS[name].data_dependent]
@@ -68,11 +91,11 @@ def block_sparse_pattern(spec: str, n: int, heads: int = 1, head: int = 0, causa
     (``patterns.plot.pattern_figure``: token level up to N = 1024, blocks above)."""
     from dilcompile.patterns.plot import pattern_figure
 
-    if not 1 <= n <= MAX_N:
-        raise ValueError(f"N must be in 1..{MAX_N} for the picture, got {n}")
+    _check_size(n, heads)
     pattern = patterns.from_spec(spec)
     if pattern.data_dependent:
         raise ValueError(f"{spec!r} is data-dependent (its blocks depend on q and k): it has no static picture")
+    _check_fixed_length(pattern, n)
     figure = pattern_figure(pattern, n, head=head, num_heads=heads, causal=causal)
     return {"pattern": pattern, "density": pattern.density(n, heads, causal), "figure": figure}
 
