@@ -14,8 +14,10 @@ Python process with a hard address-space and CPU-time limit
 (``resource.setrlimit``) that the parent kills at the timeout: whatever the
 query does, the dashboard's server survives it.
 
-Only read statements are accepted up front (for a clear message), at most
-``max_rows`` rows come back.
+Only read statements are accepted (for a clear message; parsed in the child
+too, since DuckDB's parser alone can take gigabytes on a hostile text, which
+is also bounded in length), at most ``max_rows`` rows come back, and values
+reach the server as plain Python types (time zones as fixed offsets).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA"}
 MEMORY_BYTES = 3 * 2**30  # the child's address space: Python + DuckDB take ~0.9 GB of it before the query
 DUCKDB_MEMORY = "1GB"  # DuckDB's buffer pool inside that
 MAX_RESULT_BYTES = 256 * 2**20  # a result bigger than this is refused, not shipped to the browser
+MAX_SQL_CHARS = 100_000  # longer text is refused before any parse (a 6 MB IN list took 3.7 GB to parse)
 STARTUP_TIMEOUT_S = 60.0  # the child's Python + DuckDB start (slow on a loaded machine); not the query's time
 _READY = b"R"
 
@@ -51,9 +54,29 @@ class Result:
     truncated: bool  # more than max_rows rows matched
 
     def frame(self):
+        """The rows as a DataFrame the browser can show: repeated column names
+        numbered (a JOIN's two ``sweep_id``), and a column Arrow cannot hold
+        (integers past int64, mixed types) shown as text."""
         import pandas as pd
+        import pyarrow as pa
 
-        return pd.DataFrame(self.rows, columns=self.columns)
+        frame = pd.DataFrame(self.rows, columns=unique_names(self.columns))
+        for name in frame.columns:
+            try:
+                pa.array(frame[name], from_pandas=True)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                frame[name] = frame[name].map(lambda v: None if v is None else str(v))
+        return frame
+
+
+def unique_names(columns: list[str]) -> list[str]:
+    """``["a", "b", "a"]`` → ``["a", "b", "a_2"]``."""
+    seen: dict[str, int] = {}
+    names = []
+    for name in columns:
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return names
 
 
 def sandbox(path: str, threads: int = 2, memory_limit: str = DUCKDB_MEMORY):
@@ -120,7 +143,11 @@ def run_query(path: str, sql: str, max_rows: int = 10_000, timeout_s: float = 10
     if max_rows < 1 or not timeout_s > 0 or memory_bytes < 2**28:
         raise ValueError(f"need max_rows ≥ 1, timeout_s > 0, memory_bytes ≥ 256 MiB; got {max_rows}, "
                          f"{timeout_s}, {memory_bytes}")
-    check_read_only(sql)
+    if not isinstance(sql, str):
+        raise QueryRefused(f"the query must be text, got {type(sql).__name__}")
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryRefused(f"the query is {len(sql):,} characters long; the SQL page takes at most "
+                           f"{MAX_SQL_CHARS:,} (put long value lists in a table or use a range)")
     request = pickle.dumps({"path": path, "sql": sql, "max_rows": max_rows, "memory_bytes": memory_bytes,
                             "cpu_s": int(2 * timeout_s) + 30})  # CPU backstop if this process dies first
     with tempfile.TemporaryFile() as err:
@@ -194,17 +221,35 @@ def _death(code: int, memory_bytes: int, stderr: str) -> str:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Unpickles the child's reply allowing only the value types DuckDB returns."""
+    """Unpickles the child's reply allowing only the value types it sends
+    (exact names: the child turns every time zone into a fixed offset)."""
 
     ALLOWED = {("datetime", n) for n in ("date", "time", "datetime", "timedelta", "timezone")} | {
-        ("decimal", "Decimal"), ("uuid", "UUID"), ("zoneinfo", "ZoneInfo"), ("zoneinfo._zoneinfo", "ZoneInfo"),
+        ("decimal", "Decimal"), ("uuid", "UUID"),
         ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "bytearray")}
 
     def find_class(self, module, name):
-        if (module, name) in self.ALLOWED or module.split(".")[0] == "pytz":
+        if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
         raise QueryRefused(f"the result holds a value of type {module}.{name}, which this page cannot show; "
                            "cast it to VARCHAR")
+
+
+def portable(value):
+    """``value`` with every time zone made a fixed offset (``datetime.timezone``),
+    inside lists, tuples and dicts too: DuckDB's TIMESTAMPTZ comes as ZoneInfo
+    (or pytz), which pickles through ``getattr`` — not allowed back."""
+    import datetime as dt
+
+    if isinstance(value, (dt.datetime, dt.time)) and value.tzinfo is not None \
+            and not isinstance(value.tzinfo, dt.timezone):
+        offset = value.utcoffset() if isinstance(value, dt.datetime) else value.tzinfo.utcoffset(None)
+        return value.replace(tzinfo=dt.timezone(offset) if offset is not None else None)
+    if isinstance(value, (list, tuple)):
+        return type(value)(portable(v) for v in value)
+    if isinstance(value, dict):
+        return {portable(k): portable(v) for k, v in value.items()}
+    return value
 
 
 def _child() -> None:
@@ -226,9 +271,12 @@ def _child() -> None:
     out.flush()
     if con is not None:
         try:
+            check_read_only(request["sql"])  # parsed here, under the limits, never in the server
             cur = con.execute(request["sql"])
             columns = [d[0] for d in cur.description] if cur.description else []
-            reply = ("ok", columns, cur.fetchmany(request["max_rows"] + 1))
+            reply = ("ok", columns, [portable(row) for row in cur.fetchmany(request["max_rows"] + 1)])
+        except QueryRefused as exc:
+            reply = ("error", str(exc))
         except (duckdb.OutOfMemoryException, MemoryError) as exc:
             reply = ("memory", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         except duckdb.Error as exc:
