@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -57,6 +58,22 @@ def header(title: str, caption: str) -> data.Source | None:
                    + data.how_to_add(src.db), icon="⚠️")
         return None
     return src
+
+
+def md(value) -> str:
+    """Stored text for Markdown, as an inline code span: shown as written, never an
+    image, a link or styling — imported runs are other people's text. Escaping is
+    not enough: GFM turns bare URLs and ``www.`` names into links after parsing, so
+    no character escape stops them; code spans it leaves alone. The fence is one
+    backtick longer than any run of backticks in the text (CommonMark). Use it
+    wherever a stored string reaches st.markdown, st.caption, st.info/warning/error
+    or a widget label."""
+    text = " ".join(str(value).split())  # one line: a code span cannot hold a blank line
+    if not text:
+        return ""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def sweep_label(df: pd.DataFrame):

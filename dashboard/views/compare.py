@@ -42,7 +42,7 @@ if src is not None:
         default = next((i for i, s in enumerate(series) if s.startswith("sdpa")), 0)
         baseline = st.selectbox("baseline", series, index=default, key="cmp_baseline")
         table = analysis.speedup_table(points, baseline)
-        st.caption(f"{baseline} latency ÷ each variant's latency at the same point: above 1 is faster "
+        st.caption(f"{ui.md(baseline)} latency ÷ each variant's latency at the same point: above 1 is faster "
                    "than the baseline, blank where a variant was not measured.")
         st.dataframe(table, hide_index=True, width="stretch",
                      column_config={c: st.column_config.NumberColumn(c, format="%.2f×") for c in series})

@@ -14,9 +14,9 @@ if src is not None:
     c[2].metric("sweeps", s["sweeps"])
     c[3].metric("devices", len(s["devices"]))
     c[4].metric("variants", len(s["variants"]))
-    st.markdown(f"**Devices:** {', '.join(s['devices']) or '-'}  \n"
-                f"**dtypes:** {', '.join(s['dtypes']) or '-'}  \n"
-                f"**Variants:** {', '.join(s['variants']) or '-'}  \n"
+    st.markdown(f"**Devices:** {', '.join(map(ui.md, s['devices'])) or '-'}  \n"
+                f"**dtypes:** {', '.join(map(ui.md, s['dtypes'])) or '-'}  \n"
+                f"**Variants:** {', '.join(map(ui.md, s['variants'])) or '-'}  \n"
                 f"**Measured:** {s['first']:%Y-%m-%d %H:%M} → {s['last']:%Y-%m-%d %H:%M} UTC")
 
     st.subheader("Leaderboard")
@@ -36,7 +36,7 @@ if src is not None:
     st.subheader("Latest sweep")
     last_id = df.sort_values("started_at")["sweep_id"].iloc[-1]
     last = df[df["sweep_id"] == last_id]
-    st.markdown(ui.sweep_label(df)(last_id))
+    st.markdown(ui.md(ui.sweep_label(df)(last_id)))
     bad = last[last["status"] != "ok"]
     if len(bad):
         st.warning(f"{len(bad)} of {len(last)} points of this sweep did not run (status oom/error); "

@@ -44,7 +44,8 @@ if src is not None:
     row = in_sweep[in_sweep["run_id"] == run_id].iloc[0]
 
     if row["status"] != "ok":
-        st.error(f"status {row['status']}: {row['error'] or 'no message recorded'}")
+        message = row["error"] if isinstance(row["error"], str) and row["error"] else None
+        st.error(f"status {ui.md(row['status'])}: {ui.md(message) if message else 'no message recorded'}")
     m = st.columns(5)
     m[0].metric("latency (median)", f"{row['latency_ms']:.4g} ms" if pd.notna(row["latency_ms"]) else "-")
     m[1].metric("tokens/s", f"{row['tokens_per_s']:.4g}" if pd.notna(row["tokens_per_s"]) else "-")
@@ -66,7 +67,7 @@ if src is not None:
         _kv(row, ENV)
 
     st.subheader("Telemetry")
-    st.caption(f"GPU telemetry: {row['telemetry_status'] or '-'} · host CPU utilisation and clock are sampled on "
+    st.caption(f"GPU telemetry: {ui.md(row['telemetry_status'] or '-')} · host CPU utilisation and clock are sampled on "
                "every run"
                + (f" · throttle reasons seen: {', '.join(figures.throttle_names(row['throttle_reasons']))}"
                   if figures.throttle_names(row["throttle_reasons"]) else ""))
