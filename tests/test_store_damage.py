@@ -78,7 +78,7 @@ def test_a_store_damaged_mid_sweep_keeps_every_row(good_db, tmp_path):
     os.replace(tmp_path / "tmp.duckdb", db)
     with pytest.raises(store.StoreDamaged) as exc:
         writer.write(_row("after", latency_ms=2.5), [{"t_s": 0.0, "power_w": 100.0}])
-    rescue = writer.rescue_dir()
+    rescue = writer.rescue_dirs()[0]
     assert rescue.parent == tmp_path and str(rescue) in str(exc.value) and f"{db} is damaged" in str(exc.value)
     writer.close()  # nothing left to write: no second error
     fresh = str(tmp_path / "fresh.duckdb")

@@ -5,6 +5,7 @@ damaged file from a busy one (see the package docstring for the concurrency rule
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import time
@@ -71,6 +72,30 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
             target = p if p.exists() else p.parent
             if not os.access(target, os.W_OK):
                 raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
+    created = not read_only and path != ":memory:" and not Path(path).exists()
+    try:
+        return _connect(duckdb, path, read_only, timeout)
+    except BaseException as exc:
+        if created:  # never leave the empty or half-written file of a store that could not be made
+            for leftover in (path, f"{path}.wal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+        if is_disk_full(exc):
+            raise StoreError(f"cannot write {path}: no space left on its disk; free some space or pass --db "
+                             "on another disk") from exc
+        raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the disk is full."""
+    while exc is not None:
+        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _connect(duckdb, path: str, read_only: bool, timeout: float):
     deadline = time.monotonic() + timeout
     delay = 0.02
     config = {"storage_compatibility_version": STORAGE_COMPATIBILITY}

@@ -2,10 +2,11 @@
 
 A file another process holds keeps rows in memory until it lets go (see the
 package docstring). A file that turns out damaged when a row is written (DuckDB
-reads blocks lazily, so a truncated or corrupt file can open fine) has the
-sweep's rows saved in a *rescue* folder beside it, in the export layout that
-``dilcompile runs import`` reads, and stops the sweep with
-:class:`StoreDamaged` naming both.
+reads blocks lazily, so a truncated or corrupt file can open fine), or a disk
+that fills up, has the sweep's rows saved in a *rescue* folder — beside the
+store, else in the temp dir, else printed on standard output as JSON lines —
+in the export layout that ``dilcompile runs import`` reads, and stops the
+sweep with :class:`StoreError` (:class:`StoreDamaged`) naming both.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-from .connection import StoreDamaged, StoreError, StoreLocked, _duckdb, check_readable, connect, damaged, is_damage
+from .connection import (StoreDamaged, StoreError, StoreLocked, _duckdb, check_readable, connect, damaged, is_damage,
+                         is_disk_full)
 from .schema import TABLES
 
 
@@ -111,30 +115,69 @@ class RunWriter:
             raise StoreLocked(f"{self.path} stayed locked for {self.final_timeout:.0f}s; "
                               f"{len(self.pending)} measured rows could not be written")
 
-    def rescue_dir(self) -> Path:
+    def rescue_dirs(self) -> list[Path]:
+        """Where rescued rows may go, in order: beside the store, then the temp dir."""
         name = f"{Path(self.path).name}.rescue-{self.sweep['sweep_id']}"
-        folder = Path(self.path).parent
-        return (folder if os.access(folder, os.W_OK) else Path(tempfile.gettempdir())) / name
+        folders = [Path(self.path).parent, Path(tempfile.gettempdir())]
+        return [folder / name for folder in dict.fromkeys(folders) if os.access(folder, os.W_OK)]
 
     def _rescue(self, cause: BaseException) -> StoreError:
         """Save the rows the store refused; the error to raise says where they are."""
         self.rescued += self.pending
         self.pending = []
-        out = self.rescue_dir()
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            _write_parquet(out, self.sweep, self.rescued)
-            how = f"`dilcompile runs import {out} --db <a good store>` adds them"
-        except Exception:  # a row DuckDB refuses in any store: keep it as text
-            with open(out / "rows.jsonl", "w") as f:
-                for measurement, samples in self.rescued:
-                    f.write(json.dumps({"sweep": self.sweep, "measurement": measurement, "telemetry": samples},
-                                       default=str) + "\n")
-            how = "rows.jsonl there holds them as JSON"
+        where = None
+        for out in self.rescue_dirs():
+            how = _save(out, self.sweep, self.rescued)
+            if how:
+                where = f"are saved in {out} ({how})"
+                break
+        if where is None:  # no disk takes them: the one place left is the terminal
+            for measurement, samples in self.rescued:
+                print(_json_line(self.sweep, measurement, samples), file=sys.stdout)
+            sys.stdout.flush()
+            where = "are printed above on standard output, one JSON line each (no disk had room for them)"
         cls = StoreDamaged if isinstance(cause, StoreDamaged) else StoreError
         why = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        return cls(f"{why}. The {len(self.rescued)} measured row(s) it refused are saved in {out} ({how}); "
-                   "the sweep stopped")
+        if is_disk_full(cause):
+            why = f"{self.path}: no space left on its disk"
+        return cls(f"{why}. The {len(self.rescued)} measured row(s) it refused {where}; the sweep stopped")
+
+
+def _json_line(sweep: dict, measurement: dict, samples: list[dict]) -> str:
+    return json.dumps({"sweep": sweep, "measurement": measurement, "telemetry": samples}, default=str)
+
+
+def _save(out: Path, sweep: dict, rows: list[tuple[dict, list[dict]]]) -> str | None:
+    """Rows into ``out`` as Parquet (what `runs import` reads), else as JSON lines;
+    how to get them back, or None (and nothing left behind) if neither could be written."""
+    fresh = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    try:
+        _write_parquet(out, sweep, rows)
+        return f"`dilcompile runs import {out} --db <a good store>` adds them"
+    except Exception as exc:  # a full disk, or a row DuckDB refuses in any store: try text
+        for table in TABLES:
+            with contextlib.suppress(OSError):
+                (out / f"{table}.parquet").unlink()
+        if is_disk_full(exc):
+            if fresh:
+                shutil.rmtree(out, ignore_errors=True)
+            return None
+    text = out / "rows.jsonl"
+    try:
+        with open(text, "w") as f:
+            for measurement, samples in rows:
+                f.write(_json_line(sweep, measurement, samples) + "\n")
+        return "rows.jsonl there holds them as JSON"
+    except OSError:
+        with contextlib.suppress(OSError):
+            text.unlink()
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+        return None
 
 
 def _write_parquet(out: Path, sweep: dict, rows: list[tuple[dict, list[dict]]]) -> None:
