@@ -95,3 +95,32 @@ def test_adaptive_block_size_past_n_is_one_block():
     got = block_sparse_attention(q, k, v, pattern, impl="gather")
     want = block_sparse_attention(q, k, v, pattern, impl="reference")
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_packed_batch_keeps_every_document_plan(monkeypatch):
+    """The plan cache is bounded by sequence length, not entry count: a packed
+    batch of 40 documents of different lengths builds its plans once (bounded by
+    count, 16 entries, every call rebuilt nearly all of them)."""
+    from dilcompile.block_sparse import impl
+
+    cache.clear()
+    lengths = list(range(5, 45))
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    q, k, v = random_qkv(1, 2, sum(lengths), 8, seed=3)
+    pattern = local_window(3)
+    first = block_sparse_attention(q, k, v, pattern, causal=True, block_size=8, cu_seqlens=cu)
+    built = []
+    real = impl.plan.make_plan
+    monkeypatch.setattr(cache, "make_plan", lambda *a, **kw: built.append(a) or real(*a, **kw))
+    again = block_sparse_attention(q, k, v, pattern, causal=True, block_size=8, cu_seqlens=cu)
+    assert built == [] and torch.equal(first, again)
+    cache.clear()
+
+
+def test_the_plan_cache_still_drops_long_plans():
+    cache.clear()
+    q, k, v = random_qkv(1, 1, 8, 4, seed=0)
+    for n in range(20):  # 20 plans weighed as N = 65536 each: at most 16 stay
+        cache._get(("test", n), lambda: n, 65536)
+    assert cache.size() == 16 and ("test", 0) not in cache._entries and ("test", 19) in cache._entries
+    cache.clear()

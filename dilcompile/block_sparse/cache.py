@@ -15,18 +15,25 @@ from ..patterns import causal as causal_of
 from ..patterns import from_template
 from .impl.plan import GatherPlan, make_plan
 
-_MAX_ENTRIES = 16  # a gather plan may hold up to ~512 MB of cached mask
+# Entries are weighed by their sequence length, as their cached masks grow with it (a
+# gather plan may hold up to ~512 MB): the cache holds 16 plans of N ≥ 65536, or many
+# shorter ones. A packed batch has one plan per document length and must keep them
+# all: bounded by count, 20 documents rebuilt 19 plans on every call.
+_BUDGET, _FULL_N, _LIGHTEST = 16.0, 65536, 1 / 64
 _entries: OrderedDict = OrderedDict()
+_weights: dict = {}
 
 
-def _get(key, build):
+def _get(key, build, n: int):
     if key in _entries:
         _entries.move_to_end(key)
         return _entries[key]
     value = build()
     _entries[key] = value
-    while len(_entries) > _MAX_ENTRIES:
-        _entries.popitem(last=False)
+    _weights[key] = max(n / _FULL_N, _LIGHTEST)
+    while sum(_weights.values()) > _BUDGET and len(_entries) > 1:
+        oldest, _ = _entries.popitem(last=False)
+        del _weights[oldest]
     return value
 
 
@@ -34,7 +41,7 @@ def gather_plan(pattern, num_heads: int, n: int, block_size: int, device) -> Gat
     """``pattern`` must already be head-bound and carry its causal restriction."""
     device = torch.device(device)
     key = ("gather", pattern, n, block_size, str(device), num_heads if pattern.head_dependent else 1)
-    return _get(key, lambda: make_plan(pattern, num_heads, n, block_size, device))
+    return _get(key, lambda: make_plan(pattern, num_heads, n, block_size, device), n)
 
 
 def op_plan(structure: str, numbers: tuple, causal: bool, num_heads: int, n: int, block_size: int,
@@ -49,7 +56,7 @@ def op_plan(structure: str, numbers: tuple, causal: bool, num_heads: int, n: int
         bound = (causal_of(pattern) if causal else pattern).with_heads(num_heads)
         return make_plan(bound, num_heads, n, block_size, torch.device(device))
 
-    return _get(key, build)
+    return _get(key, build, n)
 
 
 def _flex_key(pattern, causal, batch, num_heads, n, block_size, device):
@@ -63,7 +70,7 @@ def block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_
     def build():
         return pattern.block_mask(batch, num_heads, n, block_size, device, causal=causal)
 
-    return _get(_flex_key(pattern, causal, batch, num_heads, n, block_size, device), build)
+    return _get(_flex_key(pattern, causal, batch, num_heads, n, block_size, device), build, n)
 
 
 def has_block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, block_size: int, device) -> bool:
@@ -72,6 +79,7 @@ def has_block_mask(pattern, causal: bool, batch: int, num_heads: int, n: int, bl
 
 def clear() -> None:
     _entries.clear()
+    _weights.clear()
 
 
 def size() -> int:
