@@ -65,14 +65,21 @@ def _by_hand(mha, query, key, value, mask, causal):
 @pytest.mark.parametrize("mode", ["longnet", "groups"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_padding_mask_is_exact_against_reference(mode, causal, device):
+    """Padding is absence (docs/design.md, "Variable-length batches"): each row's
+    real tokens give what the row gives with its pads deleted."""
     mha = _mha(e=30, h=5, segments=(16, 40, 200), rates=(1, 3, 4), mode=mode).to(device)
     x = torch.randn(3, 97, 30, **F64, device=device, requires_grad=True)
     mask = torch.rand(3, 97, device=device) < 0.3
-    mask[1, :10] = True  # causal rows 0..9 of batch 1 have no key at all
+    mask[1, :10] = True  # left padding: the row's sequence starts at position 10
     mask[2] = True  # a fully padded sequence
     y, _ = mha(x, key_padding_mask=mask, is_causal=causal)
-    want = _by_hand(mha, x, x, x, mask, causal)
-    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
+    for b in range(3):
+        real = x[b, ~mask[b]][None]
+        if real.shape[1]:
+            torch.testing.assert_close(y[b, ~mask[b]], _by_hand(mha, real, real, real, None, causal)[0],
+                                       rtol=1e-10, atol=1e-10)
+    at_pads = mha.out_proj(mha.sub_ln(torch.zeros(30, **F64, device=device)))  # attention output 0 at pads
+    torch.testing.assert_close(y[mask], at_pads.expand(int(mask.sum()), 30), rtol=1e-12, atol=1e-12)
     assert not y.isnan().any()
     grad, = torch.autograd.grad(y.square().sum(), x)
     assert grad.isfinite().all()

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from .. import varlen
 from ..checks import check_bool, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
-from ..patterns import causal as causal_of
-from . import cache
-from . import ops  # registers torch.ops.dilcompile.block_sparse_*
+from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_varlen_*)
 from .config import IMPLS
-from .impl.flex import flex_forward
-from .impl.gather import gather_attention_autograd
-from .impl.reference import masked_attention_reference
-from .impl.suffix import suffix_masked_attention
-
-#: Up to this many queries, Nq < Nk gathers the candidate keys of the query blocks; more run the full op.
-DECODE_MAX_QUERIES = 64
+from .dispatch import attend
 
 
 def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: bool | None = None) -> str:
@@ -48,7 +39,9 @@ def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: boo
 
 
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: bool = False,
-                           scale: float | None = None, impl: str = "auto", block_size: int = 128) -> Tensor:
+                           scale: float | None = None, impl: str = "auto", block_size: int = 128,
+                           key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                           cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None) -> Tensor:
     """Softmax attention restricted to the pairs ``pattern`` allows — exactly
     ``scaled_dot_product_attention`` with the dense boolean mask, joint
     normalisation over all allowed keys; a row with no allowed key outputs 0.
@@ -70,6 +63,18 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
             "reference" (float64 oracle, O(N²) memory) or "auto"
             (see :func:`choose_impl`).
         block_size: tokens per block (adaptive patterns use their own).
+        key_padding_mask: optional (B, Nk) bool, True = padding. Padding is
+            absence: every real token's result is that of its row with the
+            pads deleted (left, right or mixed), the block grid counting from
+            the row's first real token; with Nq < Nk the queries are the last
+            Nq positions of each row. Pad rows output 0.
+            docs/design.md, "Variable-length batches".
+        cu_seqlens: packed input — q, k, v (1, H, total, D) hold S sequences
+            end to end, sequence i at rows [cu[i], cu[i + 1]); an int32/int64
+            tensor (S + 1,) from 0 to total (FlashAttention's varlen
+            convention). Each sequence is computed as if it were alone.
+        cu_seqlens_q, cu_seqlens_k: instead of cu_seqlens, when sequence i has
+            Nq_i ≤ Nk_i queries: its queries are the last Nq_i of its keys.
 
     Returns:
         (B, H, N, D) in q.dtype.
@@ -85,69 +90,26 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     scale = check_scale(scale)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_impl(q, pattern, impl, needs_grad)
-    if q.numel() == 0:  # B, H, Nq or D is 0: the output (B, H, Nq, D) is empty whatever the pattern
-        # empty, and connected to q, k, v for autograd (k, v summed over their own length, which
-        # may differ from q's)
-        return q * 0 + (k * 0 + v * 0).sum(dim=2, keepdim=True)
-    scale = softmax_scale(scale, q.shape[-1])
-    b, h, n, _ = q.shape
-    if n != k.shape[2]:
-        return _shorter_queries(q, k, v, pattern, causal, float(scale), chosen, impl, block_size)
+    varlen.check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+    if key_padding_mask is not None or cu_seqlens is not None or cu_seqlens_q is not None \
+            or cu_seqlens_k is not None:
+        return _variable_lengths(q, k, v, pattern, causal, softmax_scale(scale, q.shape[-1]), chosen, block_size,
+                                 key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+    return attend(q, k, v, pattern, causal, softmax_scale(scale, q.shape[-1]), chosen, impl, block_size, needs_grad)
 
+
+def _variable_lengths(q, k, v, pattern, causal, scale, chosen, block_size, key_padding_mask, cu_seqlens,
+                      cu_seqlens_q, cu_seqlens_k):
+    """A padded batch or packed sequences, each computed alone (``varlen``)."""
     if pattern.data_dependent:
-        idx, valid, bias = pattern.select(q, k, causal)
-        own_block = min(pattern.config.block_size, n)  # one block either way when it passes N
-        if chosen == "reference":
-            mask = _selection_mask(idx, valid, own_block, n, causal)
-            return masked_attention_reference(q, k, v, mask, float(scale)).to(q.dtype)
-        return gather_attention_autograd(q, k, v, idx, valid, bias, own_block, causal, float(scale))
-
-    if chosen == "reference":
-        bound = (causal_of(pattern) if causal else pattern).with_heads(h)
-        return masked_attention_reference(q, k, v, bound.dense_mask(h, n, q.device), float(scale)).to(q.dtype)
-    if chosen == "flex":
-        if torch.compiler.is_compiling() and not cache.has_block_mask(pattern, causal, b, h, n, block_size, q.device):
-            if impl == "flex":
-                raise ValueError("impl='flex' inside torch.compile needs its BlockMask built beforehand: call "
-                                 "block_sparse_attention once eagerly with the same shapes, or "
-                                 "BlockSparseAttention.prepare(batch, num_heads, seq_len, device)")
-            chosen = "gather"  # auto: the custom op compiles without a prebuilt mask
-    if chosen == "flex":
-        return flex_forward(q, k, v, cache.block_mask(pattern, causal, b, h, n, block_size, q.device), float(scale))
+        raise ValueError("the adaptive pattern takes no key_padding_mask or cu_seqlens (its learned selection "
+                         "pools whole blocks of one sequence); run each sequence on its own")
     if not hasattr(pattern, "_structure"):
         raise ValueError(f"pattern {pattern!r} was built inside torch.compile; build it outside the compiled "
                          "function (or hold it on the module) and pass it in")
-    # A block as long as the sequence holds all of it: a larger one only pads
-    # (the gather backend's masks grow as block_size²).
-    block_size = min(block_size, n)
-    if not torch.compiler.is_compiling():  # the op's own functions, without its dispatch (see ops)
-        return ops.gather_eager(q, k, v, pattern._structure, pattern._numbers, causal, float(scale), block_size,
-                                needs_grad)
-    out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
-                                                   float(scale), block_size)
-    return out
-
-
-def _shorter_queries(q, k, v, pattern, causal, scale, chosen, impl, block_size):
-    """Nq < Nk: the last Nq rows of the full-length call (see the docstring above)."""
-    nq, nk = q.shape[2], k.shape[2]
-    if pattern.data_dependent:
-        raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so q of {nq} rows "
-                         f"shorter than k of {nk} cannot give the full call's rows; pass q of length {nk}")
-    bound = (causal_of(pattern) if causal else pattern).with_heads(q.shape[1])
-    if chosen != "reference" and nq <= DECODE_MAX_QUERIES:
-        return suffix_masked_attention(q, k, v, bound, scale, block_size)
-    q_full = torch.cat([q.new_zeros(*q.shape[:2], nk - nq, q.shape[3]), q], dim=2)
-    return block_sparse_attention(q_full, k, v, pattern, causal=causal, scale=scale, impl=impl,
-                                  block_size=block_size)[:, :, nk - nq :]
-
-
-def _selection_mask(idx: Tensor, valid: Tensor, bs: int, n: int, causal: bool) -> Tensor:
-    """(B, H, N, N) bool of the adaptive selection (reference path)."""
-    nb = math.ceil(n / bs)
-    blocks = torch.zeros(*idx.shape[:-1], nb + 1, dtype=torch.bool, device=idx.device)
-    blocks.scatter_(-1, torch.where(valid, idx, nb), True)
-    mask = blocks[..., :nb].repeat_interleave(bs, -1).repeat_interleave(bs, -2)[..., :n, :n]
-    if causal:
-        mask = mask & torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
-    return mask
+    config = (pattern._structure, pattern._numbers, causal, float(scale), chosen, block_size)
+    if key_padding_mask is None:
+        cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+        return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, cu_q, cu_k, None, *config)
+    varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)
+    return torch.ops.dilcompile.block_sparse_varlen_fwd(q, k, v, None, None, key_padding_mask, *config)

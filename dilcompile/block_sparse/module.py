@@ -33,11 +33,14 @@ class BlockSparseAttention(nn.Module):
         self.config = config
         self.pattern = getattr(self, "learned", None) or from_spec(config.pattern)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool | None = None) -> Tensor:
-        """q, k, v (B, H, N, D) → (B, H, N, D)."""
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool | None = None,
+                key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """q, k, v (B, H, N, D) → (B, H, N, D); ``key_padding_mask`` and
+        ``cu_seqlens`` (packed (1, H, total, D)) as in ``block_sparse_attention``."""
         c = self.config
         return block_sparse_attention(q, k, v, self.pattern, causal=c.causal if causal is None else causal,
-                                      scale=c.scale, impl=c.impl, block_size=c.block_size)
+                                      scale=c.scale, impl=c.impl, block_size=c.block_size,
+                                      key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)
 
     def prepare(self, batch: int, num_heads: int, seq_len: int, device="cpu", causal: bool | None = None) -> None:
         """Build and cache the FlexAttention BlockMask for this shape eagerly, so

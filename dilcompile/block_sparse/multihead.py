@@ -25,13 +25,15 @@ class MultiheadBlockSparseAttention(MultiheadAttentionBase):
     Extra keyword-only arguments: ``scale``, ``impl`` and ``block_size`` as in
     ``block_sparse_attention``.
 
-    ``key_padding_mask`` is refused (ValueError): the block-sparse op takes one
-    batch-independent pattern and has no per-batch key mask, so padding cannot
-    be removed exactly. Use ``MultiheadDilatedAttention`` (which takes the
-    mask) or a sequence without padding.
+    ``key_padding_mask`` (B, N) bool, True = padding: padding is absence —
+    each row's real tokens are computed as that row with its pads deleted,
+    the pattern's block grid counting from the row's first real token; pad
+    rows have attention output 0. ``cu_seqlens`` (S + 1,) takes packed input
+    (1, total, E). Neither goes with an adaptive pattern.
     """
 
     requires_equal_lengths = True
+    takes_cu_seqlens = True
 
     def __init__(
         self,
@@ -61,14 +63,12 @@ class MultiheadBlockSparseAttention(MultiheadAttentionBase):
             self.learned = pattern  # submodule: its scorer's parameters are ours
         self.pattern = pattern if learned else from_spec(config.pattern)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-        if key_padding_mask is not None:
-            raise ValueError("MultiheadBlockSparseAttention takes no key_padding_mask (the block-sparse pattern is "
-                             "batch-independent); use MultiheadDilatedAttention for padded batches, or pass "
-                             "key_padding_mask=None")
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None,
+               cu_seqlens: Tensor | None = None) -> Tensor:
         c = self.config
         return block_sparse_attention(q, k, v, self.pattern, causal=is_causal, scale=c.scale, impl=c.impl,
-                                      block_size=c.block_size)
+                                      block_size=c.block_size, key_padding_mask=key_padding_mask,
+                                      cu_seqlens=cu_seqlens)
 
     def prepare(self, batch: int, seq_len: int, device="cpu", causal: bool = False) -> None:
         """Build and cache the FlexAttention BlockMask for (batch, num_heads,

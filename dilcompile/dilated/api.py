@@ -7,11 +7,13 @@ import importlib.util
 import torch
 from torch import Tensor
 
+from .. import varlen
 from ..checks import check_bool, check_qkv, softmax_scale
 from ..kernels import backend_for
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
+from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_varlen_fwd/bwd)
 from .config import IMPLS, check_branches
-from .suffix import reference_attention, suffix_attention
+from .dispatch import attend
 
 # Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
 # is first used, by load_triton_ops().
@@ -29,19 +31,6 @@ def load_triton_ops():
     from . import triton_ops
 
     return triton_ops
-
-
-def _check_key_padding_mask(mask, k: Tensor) -> None:
-    if mask is None:
-        return
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError("key_padding_mask must be a bool tensor of shape (B, N), True = padding; "
-                        f"got {type(mask).__name__}{'' if not isinstance(mask, Tensor) else ' of ' + str(mask.dtype)}")
-    if mask.shape != (k.shape[0], k.shape[2]):
-        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}, expected (B, N) of the keys = "
-                         f"{(k.shape[0], k.shape[2])}")
-    if mask.device != k.device:
-        raise ValueError(f"key_padding_mask is on {mask.device} but k is on {k.device}; move it to k's device")
 
 
 def choose_impl(q: Tensor, impl: str) -> str:
@@ -74,6 +63,10 @@ def dilated_attention(
     return_lse: bool = False,
     key_padding_mask: Tensor | None = None,
     impl: str = "auto",
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    key_mask: Tensor | None = None,
 ):
     """LongNet dilated attention.
 
@@ -93,11 +86,25 @@ def dilated_attention(
         scale: softmax scale, default 1/sqrt(D).
         return_lse: also return the row log-sum-exp (B, H, N), float32
             (float64 for float64 inputs); −inf where a row attends to nothing.
-        key_padding_mask: optional (B, Nk) bool, True = padding: those keys are
-            removed exactly; a row left with no key outputs 0 (lse −inf).
+        key_padding_mask: optional (B, Nk) bool, True = padding. Padding is
+            absence: every real token's result is that of its row with the
+            pads deleted (left, right or mixed padding); positions — segment
+            grid, residues, causal order — count from the row's first real
+            token. With Nq < Nk the queries are the last Nq positions of each
+            row. Pad rows output 0 (lse −inf). docs/design.md, "Variable-length batches".
         impl: "sdpa" (fused attention kernels), "triton" (all branches in
             one fused Triton kernel; CUDA, or CPU under TRITON_INTERPRET=1),
             "reference" (float64 oracle, O(N²) memory) or "auto" (= "sdpa").
+        cu_seqlens: packed input — q, k, v (1, H, total, D) hold S sequences
+            end to end, sequence i at rows [cu[i], cu[i + 1]); an int32/int64
+            tensor (S + 1,) from 0 to total (FlashAttention's varlen
+            convention). Each sequence is computed as if it were alone.
+        cu_seqlens_q, cu_seqlens_k: instead of cu_seqlens, when sequence i has
+            Nq_i ≤ Nk_i queries: its queries are the last Nq_i of its keys
+            (chunked prefill, decoding several sequences at once).
+        key_mask: optional (B, Nk) bool, True = removed: those keys are masked
+            out but every position stays where it is (the geometry counts from
+            row position 0). A row left with no key outputs 0 (lse −inf).
 
     Returns:
         out (B, H, N, D) in q.dtype, or (out, lse) if return_lse. Rows no
@@ -107,21 +114,19 @@ def dilated_attention(
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     check_bool("causal", causal)
     scale = softmax_scale(scale, q.shape[-1])
-    _check_key_padding_mask(key_padding_mask, k)
+    varlen.check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask)
+    if key_mask is not None:
+        varlen.check_padding_mask("key_mask", key_mask, k.shape[0], k.shape[2], k.device)
     chosen = choose_impl(q, impl)
+    config = (list(segments), list(rates), mode, causal, float(scale), chosen)
+    if key_padding_mask is not None:
+        varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)
+        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, None, None, key_padding_mask, *config)
+        return (out, lse) if return_lse else out
+    if cu_seqlens is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+        out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu_q, cu_k, None, *config)
+        return (out, lse) if return_lse else out
 
-    if chosen == "reference":  # any Nq ≤ Nk
-        out, lse = reference_attention(q, k, v, segments, rates, mode, causal, float(scale), key_padding_mask)
-    elif q.shape[2] != k.shape[2]:
-        out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, float(scale), key_padding_mask, chosen)
-    elif chosen == "triton":
-        out, lse = torch.ops.dilcompile.dilated_triton_fwd(
-            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask
-        )
-    else:
-        out, lse = torch.ops.dilcompile.dilated_fwd(
-            q, k, v, list(segments), list(rates), mode, causal, float(scale), key_padding_mask
-        )
-    if mode == "groups":
-        out = out / len(segments)
+    out, lse = attend(q, k, v, segments, rates, mode, causal, float(scale), key_mask, chosen)
     return (out, lse) if return_lse else out

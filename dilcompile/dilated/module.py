@@ -23,11 +23,15 @@ class DilatedAttention(nn.Module):
             raise ValueError("pass either config= or the config fields, not both")
         self.config = config
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool | None = None) -> Tensor:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool | None = None,
+                key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """q, k, v (B, H, N, D) → (B, H, N, D); ``key_padding_mask`` and
+        ``cu_seqlens`` (packed (1, H, total, D)) as in ``dilated_attention``."""
         c = self.config
         return dilated_attention(
             q, k, v, segment_lengths=c.segment_lengths, dilation_rates=c.dilation_rates,
             causal=c.causal if causal is None else causal, mode=c.mode, scale=c.scale, impl=c.impl,
+            key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens,
         )
 
     def extra_repr(self) -> str:

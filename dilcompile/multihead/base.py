@@ -2,7 +2,8 @@
 except the attention itself.
 
 A subclass implements one method, ``attend(q, k, v, *, is_causal,
-key_padding_mask)`` on (B, H, N, D) tensors; the base owns the projections,
+key_padding_mask)`` on (B, H, N, D) tensors (and takes ``cu_seqlens=`` there
+if it sets ``takes_cu_seqlens``); the base owns the projections,
 the MAGNETO sub-LayerNorm, dropout, the ``nn.MultiheadAttention`` call shape
 and the (B, N, E) ↔ (B, H, N, D) reshapes.
 
@@ -55,6 +56,8 @@ class MultiheadAttentionBase(nn.Module):
 
     #: True where the attention needs key length == query length.
     requires_equal_lengths = False
+    #: True where ``attend`` takes packed input: ``cu_seqlens=`` (docs/design.md, "Variable-length batches").
+    takes_cu_seqlens = False
 
     def __init__(
         self,
@@ -116,7 +119,7 @@ class MultiheadAttentionBase(nn.Module):
 
     # -- shared machinery ------------------------------------------------------------------------
     def _check(self, query, key, value, key_padding_mask, need_weights, is_causal, cache=None, layer_idx=0,
-               start_pos=0) -> None:
+               start_pos=0, cu_seqlens=None) -> None:
         weight = self.qkv_proj.weight.dtype
         for name, t in (("query", query), ("key", key), ("value", value)):
             if name != "query" and t is query:  # self-attention: one tensor, checked once
@@ -147,6 +150,13 @@ class MultiheadAttentionBase(nn.Module):
                              f"and {query.shape[1]}; pad the shorter one and mark it in key_padding_mask")
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+        if cu_seqlens is not None:
+            if not self.takes_cu_seqlens:
+                raise ValueError(f"{type(self).__name__} takes no cu_seqlens (packed sequences); pass a padded "
+                                 "batch with key_padding_mask, or cu_seqlens=None")
+            if cache is not None:
+                raise ValueError("cu_seqlens and cache= do not go together: a KV cache holds one sequence per "
+                                 "batch row; pass a padded batch with key_padding_mask instead")
         if need_weights:
             raise ValueError("need_weights=True is not supported: the N×N attention weights are never "
                              "materialised; pass need_weights=False")
@@ -183,10 +193,17 @@ class MultiheadAttentionBase(nn.Module):
         cache=None,
         layer_idx: int = 0,
         start_pos: int = 0,
+        cu_seqlens: Tensor | None = None,
     ) -> tuple[Tensor, None]:
         """query (B, Nq, E); key, value (B, Nk, E), default ``query`` (value
-        defaults to key); key_padding_mask (B, Nk) bool, True = padding.
+        defaults to key); key_padding_mask (B, Nk) bool, True = padding:
+        padding is absence, each row computed as its real tokens alone
+        (docs/design.md, "Variable-length batches").
         Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``.
+
+        Packed sequences: ``cu_seqlens`` (S + 1,) int tensor from 0 to total
+        with query (1, total, E) holding S sequences end to end; each is
+        computed as if it were alone (the attention's ``cu_seqlens``).
 
         Generation: with ``cache`` (a :class:`~dilcompile.kv_cache.KVCache`),
         self-attention only, ``query`` holds the tokens at positions
@@ -195,11 +212,13 @@ class MultiheadAttentionBase(nn.Module):
         in it up to their own position (the attention's Nq < Nk convention)."""
         key = query if key is None else key
         value = key if value is None else value
-        self._check(query, key, value, key_padding_mask, need_weights, is_causal, cache, layer_idx, start_pos)
+        self._check(query, key, value, key_padding_mask, need_weights, is_causal, cache, layer_idx, start_pos,
+                    cu_seqlens)
         q, k, v = (self._split_heads(t) for t in self.project(query, key, value))  # (B, H, N, D)
         if cache is not None:
             k, v = cache.update(layer_idx, k, v, start_pos)  # (B, H, start_pos + Nq, D)
-        out = self.attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask)  # (B, H, Nq, D)
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}  # only subclasses that take it see it
+        out = self.attend(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask, **packed)  # (B, H, Nq, D)
         out = out.transpose(1, 2).flatten(2)  # (B, Nq, E)
         if self.sub_ln is not None:
             out = self.sub_ln(out)

@@ -22,12 +22,14 @@ class MultiheadDilatedAttention(MultiheadAttentionBase):
     the base), ``scale`` (softmax scale, default 1/sqrt(D)) and ``impl``
     (backend of ``dilated_attention``).
 
-    ``key_padding_mask`` (B, N) bool, True = padding, removes those keys
-    exactly; a query row left with no key (e.g. causal with padding at the
-    front) has attention output 0, never NaN.
+    ``key_padding_mask`` (B, N) bool, True = padding: padding is absence —
+    each row's real tokens are computed as that row with its pads deleted
+    (left, right or mixed padding); pad rows have attention output 0.
+    ``cu_seqlens`` (S + 1,) takes packed input (1, total, E).
     """
 
     requires_equal_lengths = True
+    takes_cu_seqlens = True
 
     def __init__(
         self,
@@ -53,11 +55,12 @@ class MultiheadDilatedAttention(MultiheadAttentionBase):
                          layer_norm_eps=layer_norm_eps, device=device, dtype=dtype)
         self.config = config
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None,
+               cu_seqlens: Tensor | None = None) -> Tensor:
         c = self.config
         return dilated_attention(
             q, k, v, segment_lengths=c.segment_lengths, dilation_rates=c.dilation_rates, causal=is_causal,
-            mode=c.mode, scale=c.scale, key_padding_mask=key_padding_mask, impl=c.impl,
+            mode=c.mode, scale=c.scale, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens, impl=c.impl,
         )
 
     def extra_repr(self) -> str:
