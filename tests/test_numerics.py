@@ -141,9 +141,9 @@ def test_reference_infinite_values_are_what_p_times_v_gives():
     v[0, 0, 1, 0], v[0, 0, 2, 0], v[0, 0, 4, 1] = float("inf"), float("-inf"), float("inf")
     count = torch.zeros(6, 6, dtype=torch.int64)
     count[0, 0] = count[1, 1] = count[2, [1, 2]] = count[3, 4] = count[5, [0, 3]] = 1
-    from dilcompile.dilated.impl.reference import reference_attention
+    from dilcompile.dilated.impl.reference import counted_attention_reference
 
-    out, _ = reference_attention(q, k, v, count, 1.0)
+    out, _ = counted_attention_reference(q, k, v, count, 1.0)
     assert out[0, 0, 1, 0] == float("inf") and out[0, 0, 2, 0].isnan() and out[0, 0, 3, 1] == float("inf")
     assert out[0, 0, [0, 5]].isfinite().all() and out[0, 0, 4].eq(0).all() and out[0, 0, 1, 1].isfinite()
 

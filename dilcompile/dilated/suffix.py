@@ -32,7 +32,7 @@ def _left_pad(q: Tensor, rows: int) -> Tensor:
     return torch.cat([q.new_zeros(*q.shape[:2], rows, q.shape[3]), q], dim=2)
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
+def suffix_reference(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
                         mode: str, causal: bool, scale: float,
                         key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """The float64 oracle for q (B, H, Nq, D) against k, v (B, H, Nk, D), Nq ≤ Nk:

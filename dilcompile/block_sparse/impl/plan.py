@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pairs, token_pairs
+from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pair_mask, token_pairs
 
 __all__ = ["BandCall", "BlockCall", "Call", "GatherPlan", "PlanOptions", "TokenCall", "make_plan"]
 
@@ -175,7 +175,7 @@ def _sub_rows(pattern, n: int, call: BandCall, min_sub_rows: int, allowed: Tenso
     to another call of these rows). ``allowed``: the call's mask, when known."""
     bs = call.unit
     if allowed is None:
-        allowed = allowed_pairs(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
+        allowed = allowed_pair_mask(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
     while bs // 2 >= min_sub_rows and bs % 2 == 0:
         c, dev, sub, unit = call.rows.numel(), call.idx.device, 2, bs // 2
         span = call.idx.shape[-1] * sub  # the band's keys, in sub-blocks
@@ -201,7 +201,7 @@ def _sub_rows(pattern, n: int, call: BandCall, min_sub_rows: int, allowed: Tenso
             idx = idx.expand(call.idx.shape[0], -1, -1)
             part = BandCall(torch.arange(r0, r0 + count, device=dev), r0, call.merge, idx, first, 1,
                             torch.zeros_like(idx, dtype=torch.bool), unit)
-            ok = allowed_pairs(pattern, n, unit, part)
+            ok = allowed_pair_mask(pattern, n, unit, part)
             part.full = ok.unflatten(-1, (w, unit)).all(-1).all(2)  # (Hp, count, w): every pair allowed
             parts.append((part, ok))
         if len(parts) > 1:
