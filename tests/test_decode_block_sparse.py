@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dilcompile import block_sparse_attention
-from dilcompile.block_sparse.impl.suffix import candidate_keys
+from dilcompile.block_sparse.suffix import candidate_keys
 from dilcompile.patterns import (adaptive, causal as causal_of, dilated, global_local, hierarchical, hilbert,
                                  intersection, local_window, random_blocks, union)
 from dilcompile.testing import random_qkv

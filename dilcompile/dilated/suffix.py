@@ -20,27 +20,21 @@ import torch
 from torch import Tensor
 
 from ..numerics import accumulator_dtype
+from ..shorter_queries import DECODE_MAX_QUERIES, left_pad
 from . import decode_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_decode_*)
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
 
-#: Above this many queries, Nq < Nk runs the full-length kernels on the needed suffix of the keys.
-DECODE_MAX_QUERIES = 64
-
-
-def _left_pad(q: Tensor, rows: int) -> Tensor:
-    return torch.cat([q.new_zeros(*q.shape[:2], rows, q.shape[3]), q], dim=2)
-
 
 def suffix_reference(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
-                        mode: str, causal: bool, scale: float,
-                        key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+                     mode: str, causal: bool, scale: float,
+                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """The float64 oracle for q (B, H, Nq, D) against k, v (B, H, Nk, D), Nq ≤ Nk:
     the full-length reference on q left-padded to Nk, its last Nq rows →
     out (B, H, Nq, D) in q.dtype, lse (B, H, Nq) in the accumulator dtype."""
     nq, nk = q.shape[2], k.shape[2]
     parts = plan_parts(q.shape[1], segments, rates, mode)
-    out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
+    out, lse = dilated_reference(left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
     return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(accumulator_dtype(q.dtype))
 
 
@@ -57,5 +51,5 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...],
     lead = nk - nq - start
     full_op = torch.ops.dilcompile.dilated_triton_fwd if impl == "triton" else torch.ops.dilcompile.dilated_fwd
     mask = None if key_padding_mask is None else key_padding_mask[:, start:]
-    out, lse = full_op(_left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
+    out, lse = full_op(left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
     return out[:, :, lead:], lse[:, :, lead:]
