@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Real
+
+from ..checks import is_int
 
 
 def check_int(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if not is_int(value, integral=True):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be ≥ {minimum}, got {value}")

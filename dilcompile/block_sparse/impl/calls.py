@@ -21,6 +21,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from ...checks import check_positive_int
+
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -50,9 +52,7 @@ class PlanOptions:
     def __post_init__(self):
         for name in ("min_band_rows", "min_sub_rows", "chunk_elements", "mask_cache_elements",
                      "bool_mask_cache_elements"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"PlanOptions.{name} must be a positive int, got {value!r}")
+            check_positive_int(f"PlanOptions.{name}", getattr(self, name))
         for name in ("backward_split_saving", "token_saving"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
