@@ -343,10 +343,11 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
     queries, merges) it matches the float64 reference, outputs and gradients."""
     from dilcompile.block_sparse.impl import gather
     from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
+    from dilcompile.kernels import attention
     from dilcompile.patterns import causal as causal_of
 
-    monkeypatch.setattr(gather, "_kernel_fwd", gather._explicit_fwd)
-    monkeypatch.setattr(gather, "_kernel_bwd", gather._explicit_bwd)
+    monkeypatch.setattr(gather, "bias_attention_forward", attention.explicit_bias_attention_forward)
+    monkeypatch.setattr(gather, "bias_attention_backward", attention.explicit_bias_attention_backward)
     options = PlanOptions(min_sub_rows=8)
     if name == "dilated":  # chunks inside one segment, as at N = 16384 with 128-token blocks
         options = PlanOptions(min_sub_rows=8, chunk_elements=1 << 16)
