@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from dilcompile import DilatedAttention, DilatedAttentionConfig, dilated_attention
+from dilcompile import DilatedAttention, dilated_attention
+from dilcompile.dilated import DilatedAttentionConfig
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
 from dilcompile.testing import (assert_forward_and_gradients_within_budget, assert_within_low_precision_budget,
                                 masked_attention_plain, random_qkv)

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dilcompile import DilatedAttentionConfig, MultiheadDilatedAttention, dilated_attention
+from dilcompile import MultiheadDilatedAttention, dilated_attention
+from dilcompile.dilated import DilatedAttentionConfig
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, max_err, random_qkv
 
@@ -191,7 +192,8 @@ def test_huge_dilation_rates_plan_in_time_and_match_the_rate_clamped_to_n():
     """A rate ≥ N acts as N; planning costs O(H) parts per branch, not O(rate)."""
     code = textwrap.dedent("""
         import torch
-        from dilcompile import dilated_attention, DilatedAttentionConfig
+        from dilcompile import dilated_attention
+        from dilcompile.dilated import DilatedAttentionConfig
         from dilcompile.dilated.geometry import plan_parts, nnz
         from dilcompile.patterns import from_spec
         from dilcompile.testing import random_qkv

@@ -16,7 +16,7 @@ from dilcompile import (
     BlockSparseAttention, DilatedAttention, MultiheadBlockSparseAttention, MultiheadDilatedAttention,
     block_sparse_attention, dilated_attention,
 )
-from dilcompile.dilated import HAS_TRITON
+from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.dilated.impl.reference import counted_attention_reference
 from dilcompile.patterns import dilated, global_local, local_window, random_blocks
