@@ -1,15 +1,10 @@
-"""Queries shorter than keys: q holds the last Nq of Nk positions (query i at
-position Nk − Nq + i, the convention of FlexAttention, flash-attn and KV
-caches). The result is the last Nq rows of the full-length call.
-
-- Nq ≤ ``DECODE_MAX_QUERIES`` (decoding): the pattern's ``candidate_blocks``
-  names the key blocks that may hold an allowed pair for the query blocks (a
-  superset, O(Nk / block) booleans); only those keys are gathered and
-  ``mask_mod`` is evaluated on them exactly. Plain PyTorch ops in the
-  accumulator dtype, differentiable by autograd; a row with no allowed key
-  outputs 0.
-- Larger Nq, and impl="reference": the full-length call on q left-padded with
-  zero rows to Nk, its last Nq rows.
+"""Queries shorter than keys (q holds the last Nq of Nk positions; the result
+is the last Nq rows of the full-length call): up to ``DECODE_MAX_QUERIES``
+only the keys of the blocks the pattern's ``candidate_blocks`` names, with
+``mask_mod`` evaluated on them (plain PyTorch ops in the accumulator dtype,
+differentiable by autograd; a row with no allowed key outputs 0); above it,
+and for impl="reference", the full-length call on q left-padded with zero
+rows. How: docs/serving.md.
 """
 
 from __future__ import annotations

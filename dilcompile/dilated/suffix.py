@@ -1,15 +1,8 @@
-"""Queries shorter than keys: q holds the last Nq of Nk positions (query i at
-position Nk − Nq + i, the convention of FlexAttention, flash-attn and KV
-caches). The result is the last Nq rows of the full-length call.
-
-- Nq ≤ ``DECODE_MAX_QUERIES`` (decoding): the decode op, which touches only
-  the kept rows of each query's segment — cost independent of Nk.
-- Larger Nq (prefill of a chunk after a cache): the full-length op on the
-  keys from the last multiple of lcm(segment_lengths) at or before the first
-  query. Shifting every position by a multiple of every segment length keeps
-  every segment boundary and every kept row, so that call's last Nq rows are
-  exact; its extra leading queries (fewer than the lcm) are zeros and dropped.
-- impl="reference": the float64 oracle on q left-padded to Nk.
+"""Queries shorter than keys (q holds the last Nq of Nk positions; the result
+is the last Nq rows of the full-length call): up to ``DECODE_MAX_QUERIES``
+the decode op, above it the full-length op on a suffix of the keys that keeps
+every segment boundary, and the float64 reference on q left-padded to Nk.
+How and why it is exact: docs/serving.md.
 """
 
 from __future__ import annotations

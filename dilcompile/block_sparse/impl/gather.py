@@ -1,16 +1,10 @@
-"""Block-gather backend: runs a plan's kernel calls (see ``plan``).
-
-Each call reads its keys by its kind (``_operands``): a ``BandCall`` through
-a strided view of the key blocks, a ``BlockCall`` / ``TokenCall`` gathering
-whole blocks / single tokens (``index_select`` on dim 0 of 2-D views: a
-memcpy per block) — and its queries (slices, or picked rows/tokens), and
-runs one fused kernel (``kernels.attention.bias_attention_forward``: on CPU
-ATen's flash attention with mask, log-sum-exp and backward); rows that share
-their keys run stacked as one query run. A call whose rows already hold a
-result merges into them by log-sum-exp. The backward runs the kernel backward per call with the
-joint (out, lse) and scatter-adds dq, dk, dv. Pure tensor code, so it also
-runs under autograd directly (``gather_attention_autograd``, used by the
-data-dependent pattern). Non-finite inputs take ``nonfinite``.
+"""Block-gather backend: runs a plan's kernel calls (see ``plan``), each on
+its keys by its kind (``_operands``) through ``kernels.attention``'s
+bias-masked kernel, merging by log-sum-exp; the backward runs the kernel
+backward per call with the joint (out, lse). Pure tensor code, so it also
+runs under autograd (``gather_attention_autograd``, the data-dependent
+pattern). Non-finite inputs take ``nonfinite``. How and where the time goes:
+docs/performance-block-sparse.md.
 """
 
 from __future__ import annotations

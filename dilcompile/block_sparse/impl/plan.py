@@ -1,26 +1,7 @@
-"""The block-gather backend's plan: which kernel calls one (pattern, N,
-block size, device, heads) takes.
-
-Rows (query blocks) whose lists share a run of dense blocks that slides with
-the row (local windows) or stays put (segments) get a band call: keys through
-an overlapping strided view, no copy. A block is dense when most of its keys,
-attended by some query of the row, take part; every other listed block is
-left over. Leftover blocks are gathered whole (random blocks: rows grouped by
-how many blocks they list, so a call has no padding slots and, where its
-blocks are full, no mask), or — when that drops a quarter of the keys —
-token by token, only the keys some query of the row attends (strided levels,
-the other residue of a dilated segment, a short global prefix), running only
-the queries that attend them. Calls whose rows already hold a band result
-merge into it by log-sum-exp. Token masks are built from ``mask_mod`` on
-partial blocks only, and cached while small.
-
-Two rules follow the CPU kernel's tiling, which is much faster on long query
-runs: rows that attend the same keys run stacked as one (``shared``), and a
-sliding band's rows are halved while that narrows their key window
-(``_sub_rows``; the backward only where that saves many pairs).
-
-The calls are ``BandCall``, ``BlockCall`` and ``TokenCall`` records (see
-``calls``); the tuning constants are a ``PlanOptions``.
+"""The block-gather backend's plan: which kernel calls (``BandCall``,
+``BlockCall``, ``TokenCall`` records, see ``calls``) one (pattern, N, block
+size, device, heads) takes, tuned by a ``PlanOptions``. The rules and why:
+docs/performance-block-sparse.md ("The plan").
 """
 
 from __future__ import annotations
