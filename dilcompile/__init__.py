@@ -10,19 +10,18 @@ import importlib
 
 from ._version import __version__
 from .block_sparse import BlockSparseAttention, MultiheadBlockSparseAttention, block_sparse_attention
-from .dilated import DilatedAttention, DilatedAttentionConfig, dilated_attention
-from .distributed import RingDilatedAttention, ring_dilated_attention
-from .factory import (create_attention, create_dilated_attention, create_multihead_attention,
-                      create_multihead_dilated_attention)
-from .multihead import MultiheadAttentionBase, MultiheadDilatedAttention
+from .dilated import DilatedAttention, dilated_attention
+from .distributed import RingDilatedAttention, RingMultiheadDilatedAttention, ring_dilated_attention
+from .factory import create_attention, create_multihead_attention
+from .multihead import MultiheadDilatedAttention
 
+# Per variant: the function, the module, the multihead module; configs, bases and
+# the rest stay in their subpackages (dilcompile.dilated.DilatedAttentionConfig, ...).
 __all__ = [
-    "DilatedAttention", "DilatedAttentionConfig", "dilated_attention", "__version__",
-    "MultiheadAttentionBase", "MultiheadDilatedAttention",
-    "create_attention", "create_multihead_attention",
-    "create_dilated_attention", "create_multihead_dilated_attention",  # deprecated aliases of the two above
-    "RingDilatedAttention", "ring_dilated_attention",
-    "BlockSparseAttention", "MultiheadBlockSparseAttention", "block_sparse_attention",
+    "__version__", "create_attention", "create_multihead_attention",
+    "dilated_attention", "DilatedAttention", "MultiheadDilatedAttention",
+    "block_sparse_attention", "BlockSparseAttention", "MultiheadBlockSparseAttention",
+    "ring_dilated_attention", "RingDilatedAttention", "RingMultiheadDilatedAttention",
 ]
 
 _LAZY_SUBPACKAGES = ("compat", "compiler", "models", "profile", "store", "testing")

@@ -63,6 +63,19 @@ def _well_formed(q, k, v, shorter_q: bool) -> bool:
     return dtype in DTYPES and k.dtype == dtype and v.dtype == dtype and k.device == q.device == v.device
 
 
+def is_int(value, integral: bool = False) -> bool:
+    """An int and not a bool (whose True would silently mean 1). ``integral``:
+    any ``numbers.Integral`` (numpy ints too), for values converted with int()."""
+    return isinstance(value, Integral if integral else int) and not isinstance(value, bool)
+
+
+def check_positive_int(name: str, value, hint: str = ""):
+    """``value`` if it is an int ≥ 1; ``hint`` follows "a positive int" in the error, e.g. " (e.g. 128)"."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive int{hint}, got {value!r}")
+    return value
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -97,7 +110,7 @@ def check_positive_ints(name: str, values) -> tuple[int, ...]:
     if not values:
         raise ValueError(f"{name} is empty: give at least one value, e.g. (2048,)")
     for x in values:
-        if isinstance(x, bool) or not isinstance(x, Integral):
+        if not is_int(x, integral=True):
             raise TypeError(f"{name} must hold ints, got {x!r} in {values!r}")
         if x < 1:
             raise ValueError(f"{name} must be ≥ 1, got {x} in {values!r}")

@@ -22,7 +22,7 @@ from torch._dynamo.utils import counters
 from dilcompile import dilated_attention
 from dilcompile import compiler
 from dilcompile.compiler import explain
-from dilcompile.dilated import HAS_TRITON
+from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import nnz, plan_parts
 
 

@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 from dilcompile.dilated.geometry import plan_parts
-from dilcompile.distributed import plan_exchange, ring_dilated_attention
+from dilcompile.distributed import ring_dilated_attention
+from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import split_sizes
 from dilcompile.profile import Point
 from dilcompile.profile import env as _env

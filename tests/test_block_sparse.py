@@ -6,22 +6,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from dilcompile import BlockSparseAttention, block_sparse_attention
-from dilcompile.patterns import (
-    adaptive, dilated, global_local, hierarchical, hilbert, intersection, local_window, random_blocks, union,
-)
+from dilcompile.patterns import adaptive, dilated, global_local, hierarchical, local_window, random_blocks, union
 from dilcompile.testing import (assert_forward_and_gradients_within_budget, assert_within_low_precision_budget,
                                 random_qkv)
-
-PATTERNS = {
-    "local_window": lambda n: local_window(7),
-    "dilated": lambda n: dilated((16, 48), (1, 3)),
-    "global_local": lambda n: global_local(5, 3),
-    "random_blocks": lambda n: random_blocks(0.3, 24, 1),
-    "hierarchical": lambda n: hierarchical(((1, 4), (8, 3))),
-    "hilbert": lambda n: hilbert({100: 10, 128: 8, 1000: 25}[n], n // {100: 10, 128: 8, 1000: 25}[n], 1),
-    "union": lambda n: union(local_window(3), random_blocks(0.1, 16, 2)),
-    "intersection": lambda n: intersection(local_window(40), hierarchical()),
-}
+from helpers import PATTERNS
 
 
 def _sdpa_masked(q, k, v, pattern, causal):
@@ -355,10 +343,11 @@ def test_gather_plans_with_the_explicit_softmax_kernel(name, causal, monkeypatch
     queries, merges) it matches the float64 reference, outputs and gradients."""
     from dilcompile.block_sparse.impl import gather
     from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
+    from dilcompile.kernels import attention
     from dilcompile.patterns import causal as causal_of
 
-    monkeypatch.setattr(gather, "_kernel_fwd", gather._explicit_fwd)
-    monkeypatch.setattr(gather, "_kernel_bwd", gather._explicit_bwd)
+    monkeypatch.setattr(gather, "bias_attention_forward", attention.explicit_bias_attention_forward)
+    monkeypatch.setattr(gather, "bias_attention_backward", attention.explicit_bias_attention_backward)
     options = PlanOptions(min_sub_rows=8)
     if name == "dilated":  # chunks inside one segment, as at N = 16384 with 128-token blocks
         options = PlanOptions(min_sub_rows=8, chunk_elements=1 << 16)

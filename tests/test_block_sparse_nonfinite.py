@@ -168,13 +168,13 @@ def test_finite_inputs_whose_sum_overflows_stay_exact():
     whose sum overflows take the per-row check, which finds nothing (the calls
     run as for any finite input), and the result is the reference's."""
     from dilcompile.block_sparse import cache
-    from dilcompile.block_sparse.impl.gather import _nonfinite
+    from dilcompile.block_sparse.impl.nonfinite import find_nonfinite
 
     q, k, v = random_qkv(1, 2, 100, 8, seed=12)
     v[0, 0, :20, 0] = 1e307  # finite; their sum is not
     pattern = local_window(5)
     plan = cache.op_plan(pattern._structure, tuple(pattern._numbers.tolist()), False, 2, 100, 16, q.device)
-    assert _nonfinite(q, k, v, plan) is None and _nonfinite(q, k, v, plan, do=v) is None
+    assert find_nonfinite(q, k, v, plan) is None and find_nonfinite(q, k, v, plan, do=v) is None
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     upstream = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(13))
     (got, got_dv), (want, want_dv) = (

@@ -148,7 +148,7 @@ def test_ring_kind_needs_a_process_group_and_auto_skips_it_without_one():
 
 
 def test_old_names_are_deprecated_aliases_building_the_same_modules():
-    from dilcompile import create_dilated_attention, create_multihead_dilated_attention
+    from dilcompile.factory import create_dilated_attention, create_multihead_dilated_attention
 
     with pytest.warns(DeprecationWarning, match="use dilcompile.create_attention"):
         att = create_dilated_attention("block-sparse", pattern="local_window(5)")

@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 from dilcompile import MultiheadDilatedAttention, dilated_attention
 from dilcompile.dilated.geometry import multiplicity, plan_parts
-from dilcompile.dilated.impl.reference import reference_attention
+from dilcompile.dilated.impl.reference import counted_attention_reference
 
 F64 = dict(dtype=torch.float64)
 
@@ -55,7 +55,7 @@ def _by_hand(mha, query, key, value, mask, causal):
     count = multiplicity(plan_parts(h, c.segment_lengths, c.dilation_rates, c.mode), h, q.shape[2], causal).to(q.device)
     if mask is not None:
         count = count * (~mask)[:, None, None, :]
-    out, _ = reference_attention(q, k, v, count, 1 / math.sqrt(e // h))
+    out, _ = counted_attention_reference(q, k, v, count, 1 / math.sqrt(e // h))
     if c.mode == "groups":
         out = out / len(c.segment_lengths)
     out = mha.sub_ln(out.transpose(1, 2).flatten(2))

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dilcompile import DilatedAttentionConfig, MultiheadDilatedAttention, dilated_attention
+from dilcompile import MultiheadDilatedAttention, dilated_attention
+from dilcompile.dilated import DilatedAttentionConfig
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, max_err, random_qkv
 
@@ -141,9 +142,9 @@ def test_reference_infinite_values_are_what_p_times_v_gives():
     v[0, 0, 1, 0], v[0, 0, 2, 0], v[0, 0, 4, 1] = float("inf"), float("-inf"), float("inf")
     count = torch.zeros(6, 6, dtype=torch.int64)
     count[0, 0] = count[1, 1] = count[2, [1, 2]] = count[3, 4] = count[5, [0, 3]] = 1
-    from dilcompile.dilated.impl.reference import reference_attention
+    from dilcompile.dilated.impl.reference import counted_attention_reference
 
-    out, _ = reference_attention(q, k, v, count, 1.0)
+    out, _ = counted_attention_reference(q, k, v, count, 1.0)
     assert out[0, 0, 1, 0] == float("inf") and out[0, 0, 2, 0].isnan() and out[0, 0, 3, 1] == float("inf")
     assert out[0, 0, [0, 5]].isfinite().all() and out[0, 0, 4].eq(0).all() and out[0, 0, 1, 1].isfinite()
 
@@ -191,7 +192,8 @@ def test_huge_dilation_rates_plan_in_time_and_match_the_rate_clamped_to_n():
     """A rate ≥ N acts as N; planning costs O(H) parts per branch, not O(rate)."""
     code = textwrap.dedent("""
         import torch
-        from dilcompile import dilated_attention, DilatedAttentionConfig
+        from dilcompile import dilated_attention
+        from dilcompile.dilated import DilatedAttentionConfig
         from dilcompile.dilated.geometry import plan_parts, nnz
         from dilcompile.patterns import from_spec
         from dilcompile.testing import random_qkv

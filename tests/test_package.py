@@ -20,7 +20,7 @@ import torch
 
 from dilcompile import compiler
 from dilcompile.compiler import passes
-from dilcompile.testing.dashboard import dashboard_server
+from dashboard_server import dashboard_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dilcompile"

@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 
 from dilcompile import dilated_attention
 from dilcompile.dilated.geometry import multiplicity, plan_parts
-from dilcompile.distributed import RingDilatedAttention, plan_exchange, ring_dilated_attention
+from dilcompile.distributed import RingDilatedAttention, ring_dilated_attention
+from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import choose_transport, split_sizes
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain
 

@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from dilcompile import dilated_attention
-from dilcompile.dilated import HAS_TRITON
+from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
 
 pytestmark = [

@@ -16,9 +16,9 @@ from dilcompile import (
     BlockSparseAttention, DilatedAttention, MultiheadBlockSparseAttention, MultiheadDilatedAttention,
     block_sparse_attention, dilated_attention,
 )
-from dilcompile.dilated import HAS_TRITON
+from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import multiplicity, plan_parts
-from dilcompile.dilated.impl.reference import reference_attention
+from dilcompile.dilated.impl.reference import counted_attention_reference
 from dilcompile.patterns import dilated, global_local, local_window, random_blocks
 from dilcompile.testing import random_qkv
 
@@ -322,7 +322,7 @@ def test_key_mask_keeps_positions(device):
     mask = torch.rand(2, n, device=device) < 0.4
     out = dilated_attention(q, k, v, key_mask=mask, **config)
     count = multiplicity(plan_parts(heads, (8, 16), (1, 2), "longnet"), heads, n, True, device=device)
-    want, _ = reference_attention(q, k, v, count * (~mask)[:, None, None, :], 4 ** -0.5)
+    want, _ = counted_attention_reference(q, k, v, count * (~mask)[:, None, None, :], 4 ** -0.5)
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
 
 

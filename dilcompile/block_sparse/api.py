@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .. import varlen
-from ..checks import check_bool, check_qkv, check_scale, softmax_scale
+from ..checks import check_bool, check_positive_int, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_varlen_*)
 from .config import IMPLS
@@ -85,8 +85,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     if not isinstance(pattern, Pattern):
         raise TypeError(f"pattern must be a dilcompile.patterns pattern or a spec string, got {type(pattern).__name__}")
     check_bool("causal", causal)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int (e.g. 128), got {block_size!r}")
+    check_positive_int("block_size", block_size, " (e.g. 128)")
     scale = check_scale(scale)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_impl(q, pattern, impl, needs_grad)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..checks import check_scale
+from ..checks import check_positive_int, check_scale
 
 IMPLS = ("auto", "gather", "flex", "reference")
 
@@ -29,8 +29,7 @@ class BlockSparseAttentionConfig:
         from_spec(self.pattern)  # raises ValueError naming the problem
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {self.causal!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size must be a positive int (e.g. 128), got {self.block_size!r}")
+        check_positive_int("block_size", self.block_size, " (e.g. 128)")
         check_scale(self.scale)
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")

@@ -17,10 +17,7 @@ from . import ops  # registers torch.ops.dilcompile.block_sparse_*
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
 from .impl.reference import masked_attention_reference
-from .impl.suffix import suffix_masked_attention
-
-#: Up to this many queries, Nq < Nk gathers the candidate keys of the query blocks; more run the full op.
-DECODE_MAX_QUERIES = 64
+from .suffix import suffix_attention
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float, chosen: str, impl: str,
@@ -35,7 +32,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float,
         return q * 0 + (k * 0 + v * 0).sum(dim=2, keepdim=True)
     b, h, n, _ = q.shape
     if n != k.shape[2]:
-        return _shorter_queries(q, k, v, pattern, causal, scale, chosen, impl, block_size, needs_grad)
+        return suffix_attention(q, k, v, pattern, causal, scale, chosen, block_size,
+                                lambda q_full: attend(q_full, k, v, pattern, causal, scale, chosen, impl, block_size,
+                                                      needs_grad))
 
     if pattern.data_dependent:
         idx, valid, bias = pattern.select(q, k, causal)
@@ -69,19 +68,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float,
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,
                                                    scale, block_size)
     return out
-
-
-def _shorter_queries(q, k, v, pattern, causal, scale, chosen, impl, block_size, needs_grad):
-    """Nq < Nk: the last Nq rows of the full-length call (``block_sparse_attention``'s docstring)."""
-    nq, nk = q.shape[2], k.shape[2]
-    if pattern.data_dependent:
-        raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so q of {nq} rows "
-                         f"shorter than k of {nk} cannot give the full call's rows; pass q of length {nk}")
-    bound = (causal_of(pattern) if causal else pattern).with_heads(q.shape[1])
-    if chosen != "reference" and nq <= DECODE_MAX_QUERIES:
-        return suffix_masked_attention(q, k, v, bound, scale, block_size)
-    q_full = torch.cat([q.new_zeros(*q.shape[:2], nk - nq, q.shape[3]), q], dim=2)
-    return attend(q_full, k, v, pattern, causal, scale, chosen, impl, block_size, needs_grad)[:, :, nk - nq :]
 
 
 def _selection_mask(idx: Tensor, valid: Tensor, bs: int, n: int, causal: bool) -> Tensor:

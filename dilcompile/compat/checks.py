@@ -8,6 +8,8 @@ import warnings
 
 from torch import Tensor
 
+from ..checks import is_int
+
 
 def check_branches(segment_lengths, dilation_rates) -> None:
     segments, rates = list(segment_lengths), list(dilation_rates)
@@ -20,7 +22,7 @@ def check_branches(segment_lengths, dilation_rates) -> None:
                          f"{len(rates)} (one of each per head group)")
     for name, values in (("segment_lengths", segments), ("dilation_rates", rates)):
         for i, x in enumerate(values):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            if not is_int(x) or x < 1:
                 raise ValueError(f"{name}[{i}] must be positive, got {x!r}; pass a positive int")
 
 

@@ -1,6 +1,6 @@
 """The seed system's config classes, same names and fields, frozen and
 validated. ``DilatedAttentionConfig.to_modern()`` gives the
-:class:`dilcompile.DilatedAttentionConfig` with the seed's semantics
+:class:`dilcompile.dilated.DilatedAttentionConfig` with the seed's semantics
 (``mode="groups"``)."""
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """LongNet dilated attention: geometry, implementations, custom ops, API and module."""
 
-from .api import HAS_TRITON, choose_impl, dilated_attention, load_triton_ops
+from .api import choose_impl, dilated_attention
 from .config import DilatedAttentionConfig
 from .module import DilatedAttention
 
-__all__ = ["DilatedAttention", "DilatedAttentionConfig", "HAS_TRITON", "choose_impl", "dilated_attention",
-           "load_triton_ops"]
+__all__ = ["DilatedAttention", "DilatedAttentionConfig", "choose_impl", "dilated_attention"]

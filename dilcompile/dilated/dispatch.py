@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
-from .suffix import reference_attention, suffix_attention
+from .suffix import suffix_reference, suffix_attention
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...], mode: str,
@@ -17,7 +17,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tu
     """q (B, H, Nq, D), k, v (B, H, Nk, D) → out (B, H, Nq, D) (groups-mode 1/m
     applied) and lse (B, H, Nq). ``key_mask`` (B, Nk), True = removed, keeps positions."""
     if chosen == "reference":  # any Nq ≤ Nk
-        out, lse = reference_attention(q, k, v, segments, rates, mode, causal, scale, key_mask)
+        out, lse = suffix_reference(q, k, v, segments, rates, mode, causal, scale, key_mask)
     elif q.shape[2] != k.shape[2]:
         out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, scale, key_mask, chosen)
     elif chosen == "triton":

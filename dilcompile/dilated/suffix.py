@@ -1,15 +1,8 @@
-"""Queries shorter than keys: q holds the last Nq of Nk positions (query i at
-position Nk − Nq + i, the convention of FlexAttention, flash-attn and KV
-caches). The result is the last Nq rows of the full-length call.
-
-- Nq ≤ ``DECODE_MAX_QUERIES`` (decoding): the decode op, which touches only
-  the kept rows of each query's segment — cost independent of Nk.
-- Larger Nq (prefill of a chunk after a cache): the full-length op on the
-  keys from the last multiple of lcm(segment_lengths) at or before the first
-  query. Shifting every position by a multiple of every segment length keeps
-  every segment boundary and every kept row, so that call's last Nq rows are
-  exact; its extra leading queries (fewer than the lcm) are zeros and dropped.
-- impl="reference": the float64 oracle on q left-padded to Nk.
+"""Queries shorter than keys (q holds the last Nq of Nk positions; the result
+is the last Nq rows of the full-length call): up to ``DECODE_MAX_QUERIES``
+the decode op, above it the full-length op on a suffix of the keys that keeps
+every segment boundary, and the float64 reference on q left-padded to Nk.
+How and why it is exact: docs/serving.md.
 """
 
 from __future__ import annotations
@@ -20,27 +13,21 @@ import torch
 from torch import Tensor
 
 from ..numerics import accumulator_dtype
+from ..shorter_queries import DECODE_MAX_QUERIES, left_pad
 from . import decode_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_decode_*)
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
 
-#: Above this many queries, Nq < Nk runs the full-length kernels on the needed suffix of the keys.
-DECODE_MAX_QUERIES = 64
 
-
-def _left_pad(q: Tensor, rows: int) -> Tensor:
-    return torch.cat([q.new_zeros(*q.shape[:2], rows, q.shape[3]), q], dim=2)
-
-
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
-                        mode: str, causal: bool, scale: float,
-                        key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def suffix_reference(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
+                     mode: str, causal: bool, scale: float,
+                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """The float64 oracle for q (B, H, Nq, D) against k, v (B, H, Nk, D), Nq ≤ Nk:
     the full-length reference on q left-padded to Nk, its last Nq rows →
     out (B, H, Nq, D) in q.dtype, lse (B, H, Nq) in the accumulator dtype."""
     nq, nk = q.shape[2], k.shape[2]
     parts = plan_parts(q.shape[1], segments, rates, mode)
-    out, lse = dilated_reference(_left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
+    out, lse = dilated_reference(left_pad(q, nk - nq), k, v, parts, causal, scale, key_padding_mask)
     return out[:, :, nk - nq :].to(q.dtype), lse[:, :, nk - nq :].to(accumulator_dtype(q.dtype))
 
 
@@ -57,5 +44,5 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...],
     lead = nk - nq - start
     full_op = torch.ops.dilcompile.dilated_triton_fwd if impl == "triton" else torch.ops.dilcompile.dilated_fwd
     mask = None if key_padding_mask is None else key_padding_mask[:, start:]
-    out, lse = full_op(_left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
+    out, lse = full_op(left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
     return out[:, :, lead:], lse[:, :, lead:]

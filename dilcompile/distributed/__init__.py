@@ -5,6 +5,5 @@ single-device result, gradients included."""
 from .api import ring_dilated_attention
 from .module import RingDilatedAttention
 from .multihead import RingMultiheadDilatedAttention
-from .plan import plan_exchange
 
-__all__ = ["RingDilatedAttention", "RingMultiheadDilatedAttention", "plan_exchange", "ring_dilated_attention"]
+__all__ = ["RingDilatedAttention", "RingMultiheadDilatedAttention", "ring_dilated_attention"]

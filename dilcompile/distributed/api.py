@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import torch.distributed as dist
 from torch import Tensor
 
-from ..checks import check_bool, check_qkv, softmax_scale
+from ..checks import check_bool, check_qkv, is_int, softmax_scale
 from ..dilated.config import check_branches
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.ring_dilated_*)
 from .plan import TRANSPORTS
@@ -39,7 +37,7 @@ def check_shard_lengths(shard_lengths, world: int) -> list[int]:
     if isinstance(shard_lengths, (int, str)) or not hasattr(shard_lengths, "__iter__"):
         raise TypeError(f"shard_lengths must be a sequence of {world} ints (one per rank), got {shard_lengths!r}")
     lengths = tuple(shard_lengths)
-    if len(lengths) != world or any(isinstance(x, bool) or not isinstance(x, Integral) or x < 0 for x in lengths):
+    if len(lengths) != world or any(not is_int(x, integral=True) or x < 0 for x in lengths):
         raise ValueError(f"shard_lengths must hold {world} non-negative ints (one per rank), got {lengths!r}")
     return [int(x) for x in lengths]
 

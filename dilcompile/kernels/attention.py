@@ -13,6 +13,10 @@ All tensors are (B, H, L, D) with matching L for q and k; lse is (B, H, L) in
 float32 (float64 for float64 inputs). ``key_mask`` (bool, True = keep,
 broadcastable to (B, H, 1, L)) removes keys; a row left with no key has out 0
 and lse −inf on every backend.
+
+``bias_attention_forward`` / ``_backward`` take a prebuilt additive bias
+instead (0 keep, −inf drop; no causal flag) and keep the CPU kernel's
+convention for a row with no key: out 0, lse 0.
 """
 
 from __future__ import annotations
@@ -129,3 +133,38 @@ def _math_forward(q, k, v, causal, scale, key_mask):
 
 def _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask):
     return softmax_attention_backward(grad_out, q, k, v, out, lse, scale, _keep(q, causal, key_mask))
+
+
+def bias_attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                           scale: float) -> tuple[Tensor, Tensor]:
+    """out (B, H, Lq, D) and lse (B, H, Lq) with the additive ``bias``
+    (broadcastable to (B, H, Lq, Lk)): ATen's CPU flash attention on CPU,
+    elsewhere the explicit softmax. A row with no key: out 0, lse 0."""
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
+                                                                     scale=scale)[:2]
+        return out, lse
+    return explicit_bias_attention_forward(q, k, v, bias, scale)
+
+
+def bias_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                            bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``bias_attention_forward`` from the (possibly merged) out and lse."""
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=bias,
+            scale=scale)
+    return explicit_bias_attention_backward(grad_out, q, k, v, out, lse, bias, scale)
+
+
+def explicit_bias_attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                                    scale: float) -> tuple[Tensor, Tensor]:
+    """``bias_attention_forward`` as an explicit softmax in matmuls (the path off CPU)."""
+    out, lse = softmax_attention_forward(q, k, v, scale, bias)
+    return out, finite_or_zero(lse)  # lse 0 on an empty row, as the CPU kernel
+
+
+def explicit_bias_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                     bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of ``explicit_bias_attention_forward`` from the joint (out, lse)."""
+    return softmax_attention_backward(grad_out, q, k, v, out, lse, scale, bias)

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import check_positive_int
+
 
 class MultiheadAttentionBase(nn.Module):
     """Batch-first multihead attention shell, ``nn.MultiheadAttention`` call shape.
@@ -74,8 +76,7 @@ class MultiheadAttentionBase(nn.Module):
     ):
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(name, value)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
                              f"e.g. embed_dim={num_heads * max(1, round(embed_dim / num_heads))}")

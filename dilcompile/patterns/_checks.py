@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Real
+
+from ..checks import is_int
 
 # Sizes (windows, strides, token counts) beyond 2^40 tokens describe no sequence a
 # pattern will meet, and products of them with positions would overflow int64 later.
@@ -11,7 +13,7 @@ MAX_SIZE = 2**40
 
 def check_int(name: str, value, minimum: int = 0, maximum: int | None = MAX_SIZE) -> int:
     """An int (not a bool) in [minimum, maximum]; ``maximum=None`` for no bound (a seed)."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if not is_int(value, integral=True):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be ≥ {minimum}, got {value}")

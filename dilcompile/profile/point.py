@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..checks import is_int
+
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 PASSES = ("fwd", "fwd_bwd")
 # The run store's column types bound the sizes (seq_len BIGINT, the others INTEGER): a point the
@@ -32,7 +34,7 @@ class Point:
             raise ValueError(f"variant must be a non-empty string, got {self.variant!r}")
         for name in ("seq_len", "batch", "heads", "head_dim"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE[name]:
+            if not is_int(value) or not 1 <= value <= MAX_SIZE[name]:
                 raise ValueError(f"{name} must be an int in 1..{MAX_SIZE[name]}, got {value!r}")
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {self.device!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dilcompile.testing.dashboard import dashboard_server
+from dashboard_server import dashboard_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("DILCOMPILE_CHROMIUM", "/usr/bin/chromium")

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from dilcompile.testing.dashboard import dashboard_server, free_port
+from dashboard_server import dashboard_server, free_port
 from test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, _need_browser, _settle
 
 duckdb = pytest.importorskip("duckdb")

@@ -21,6 +21,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from ...checks import check_positive_int
+
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -50,9 +52,7 @@ class PlanOptions:
     def __post_init__(self):
         for name in ("min_band_rows", "min_sub_rows", "chunk_elements", "mask_cache_elements",
                      "bool_mask_cache_elements"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"PlanOptions.{name} must be a positive int, got {value!r}")
+            check_positive_int(f"PlanOptions.{name}", getattr(self, name))
         for name in ("backward_split_saving", "token_saving"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
@@ -183,7 +183,7 @@ class GatherPlan:
             return self.masks[(call, dtype)]
         allowed = self.masks.get((call, "bool"))
         if allowed is None:
-            allowed = allowed_pairs(self.pattern, self.n, self.block_size, call)
+            allowed = allowed_pair_mask(self.pattern, self.n, self.block_size, call)
             if allowed.shape[1] > 1 and bool((allowed == allowed[:, :1]).all()):
                 # Every row the same (a window's band): one row, broadcast (stride 0)
                 # — the kernel reads one cache-resident mask instead of C of them.
@@ -219,7 +219,7 @@ def _keys_per_slot(call: Call, block_size: int) -> int:
     return 1 if isinstance(call, TokenCall) else block_size
 
 
-def allowed_pairs(pattern, n: int, block_size: int, call: Call) -> Tensor:
+def allowed_pair_mask(pattern, n: int, block_size: int, call: Call) -> Tensor:
     """(Hp, C, Lq, L) bool: the (query, key) pairs of ``call`` the pattern allows."""
     if isinstance(call, TokenCall):
         return token_pairs(pattern, n, block_size, call)

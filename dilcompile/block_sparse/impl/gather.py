@@ -1,17 +1,10 @@
-"""Block-gather backend: runs a plan's kernel calls (see ``plan``).
-
-Each call reads its keys by its kind (``_operands``): a ``BandCall`` through
-a strided view of the key blocks, a ``BlockCall`` / ``TokenCall`` gathering
-whole blocks / single tokens (``index_select`` on dim 0 of 2-D views: a
-memcpy per block) — and its queries (slices, or picked rows/tokens), and
-runs one fused kernel: on CPU
-ATen's flash attention (mask + log-sum-exp + backward), elsewhere an
-explicit-softmax kernel; rows that share their keys run stacked as one
-query run. A call whose rows already hold a result merges into them by
-log-sum-exp. The backward runs the kernel backward per call with the
-joint (out, lse) and scatter-adds dq, dk, dv. Pure tensor code, so it also
-runs under autograd directly (``gather_attention_autograd``, used by the
-data-dependent pattern).
+"""Block-gather backend: runs a plan's kernel calls (see ``plan``), each on
+its keys by its kind (``_operands``) through ``kernels.attention``'s
+bias-masked kernel, merging by log-sum-exp; the backward runs the kernel
+backward per call with the joint (out, lse). Pure tensor code, so it also
+runs under autograd (``gather_attention_autograd``, the data-dependent
+pattern). Non-finite inputs take ``nonfinite``. How and where the time goes:
+docs/performance-block-sparse.md.
 """
 
 from __future__ import annotations
@@ -24,12 +17,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ...numerics import (accumulator_dtype, finite_or_zero, merge_into, softmax_attention_backward,
-                         softmax_attention_forward)
+from ...kernels.attention import bias_attention_backward, bias_attention_forward
+from ...numerics import accumulator_dtype, merge_into
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
-from .masked import masked_attention_backward, masked_matmul
-
-aten = torch.ops.aten
+from .masked import masked_matmul
+from .nonfinite import find_nonfinite, nonfinite_backward, nonfinite_forward
 
 
 class _Picked(NamedTuple):
@@ -193,118 +185,11 @@ def _gather(xb: Tensor, idx: Tensor) -> Tensor:
     return xb.reshape(h * nb, bs * d).index_select(0, flat).view(h, c, k * bs, d)
 
 
-def _kernel_fwd(q, k, v, mask, scale):
-    """(out, lse) of one call: ATen's CPU flash attention on CPU, else the explicit softmax."""
-    if q.device.type == "cpu":
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                     scale=scale)[:2]
-        return out, lse
-    return _explicit_fwd(q, k, v, mask, scale)
-
-
-def _kernel_bwd(do, q, k, v, out, lse, mask, scale):
-    if q.device.type == "cpu":
-        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            do.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
-    return _explicit_bwd(do, q, k, v, out, lse, mask, scale)
-
-
-def _explicit_fwd(q, k, v, mask, scale):
-    """Softmax attention in matmuls (off CPU); lse 0 on an empty row, as the CPU kernel."""
-    out, lse = softmax_attention_forward(q, k, v, scale, mask)
-    return out, finite_or_zero(lse)
-
-
-def _explicit_bwd(do, q, k, v, out, lse, mask, scale):
-    """dq, dk, dv of ``_explicit_fwd`` from the joint (out, lse)."""
-    return softmax_attention_backward(do, q, k, v, out, lse, scale, mask)
-
-
-class _NonFinite(NamedTuple):
-    """Where the inputs are not finite, each (B, H, N) bool."""
-
-    keys: Tensor  # keys whose k or v is not finite
-    hit: Tensor  # rows computed exactly: those attending such a key, or with a non-finite query (or dO)
-
-
-def _nonfinite(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, do: Tensor | None = None) -> _NonFinite | None:
-    """The non-finite keys and the rows they and non-finite queries (or dO
-    rows) reach, or None when every input is finite. A kernel adds its mask to
-    the scores (NaN − ∞ is NaN) and multiplies forbidden entries by 0 (0 · NaN
-    is NaN): one such key would poison every row of its call, one such query
-    row (or dO row, in the backward) the dk, dv of every key of its call. The
-    calls run with these keys and rows zeroed and the rows are computed
-    exactly on their own (``_exact_rows``, ``_exact_grads``)."""
-    inputs = (q, k, v) if do is None else (q, k, v, do)
-    acc = accumulator_dtype(q.dtype)
-    # A sum is finite only if every term is (an overflow of finite terms just
-    # takes the row check below): one sum per input and one sync — several
-    # times cheaper than an isfinite pass, which the finite case never runs.
-    if bool(sum(x.sum(dtype=acc) for x in inputs).isfinite()):
-        return None
-    bad = ~(k.isfinite().all(-1) & v.isfinite().all(-1))
-    rows = ~q.isfinite().all(-1)
-    if do is not None:
-        rows |= ~do.isfinite().all(-1)
-    any_key = bool(bad.any())
-    if not (any_key or bool(rows.any())):
-        return None
-    if any_key:
-        h, n = bad.shape[1:]
-        keys = bad.flatten(0, 1).any(0).nonzero()[:, 0]  # (J,) bad in some (batch, head)
-        zero = torch.zeros((), dtype=torch.long, device=k.device)
-        heads = torch.arange(h, device=k.device)[:, None, None]
-        idx = torch.arange(n, device=k.device)[None, :, None]
-        allowed = plan.pattern.mask_mod(zero, heads, idx, keys)  # (Hp, N, J)
-        rows = rows | (allowed.expand(h, n, keys.numel())[None] & bad[:, :, None, keys]).any(-1)
-    return _NonFinite(bad, rows)
-
-
-def _row_mask(plan: GatherPlan, head: int, rows: Tensor, n: int) -> Tensor:
-    zero = torch.zeros((), dtype=torch.long, device=rows.device)
-    head = torch.tensor(head, device=rows.device)
-    return plan.pattern.mask_mod(zero, head, rows[:, None], torch.arange(n, device=rows.device)[None]).expand(
-        rows.numel(), n)
-
-
-def _exact_probs(q: Tensor, k: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """P (R, N) (0 on forbidden pairs) and lse (R,) of rows q (R, D) over keys
-    k (N, D) with their (R, N) mask, as the reference computes them (non-finite
-    inputs included)."""
-    s = (q @ k.transpose(-1, -2)) * scale
-    s = s.masked_fill(~mask, float("-inf"))
-    # softmax, not exp(s − lse): a row with a +∞ score (an infinite query) is NaN
-    # on every allowed pair, as in the reference, not only on its +∞ pairs.
-    return torch.where(mask, s.softmax(-1), 0.0), s.logsumexp(-1)
-
-
-def _exact_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """Out (R, D) and lse (R,) of rows q (R, D) over keys k, v (N, D) with their
-    (R, N) mask; a row with no key: out 0, lse 0 (as the calls give it)."""
-    p, lse = _exact_probs(q, k, mask, scale)
-    return masked_matmul(p, v, mask), torch.where(mask.any(-1), lse, 0)
-
-
-def _exact_grads(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
-                 scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq (R, D), dk, dv (N, D) of ``_exact_rows``' out for its upstream do (R, D)."""
-    p, _ = _exact_probs(q, k, mask, scale)
-    return masked_attention_backward(q, k, v, p, mask, do, scale)
-
-
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
-    nonfinite = _nonfinite(q, k, v, plan)
+    nonfinite = find_nonfinite(q, k, v, plan)
     if nonfinite is not None:
-        bad, hit = nonfinite.keys[..., None], nonfinite.hit[..., None]
-        out, lse = gather_forward(q.masked_fill(hit, 0), k.masked_fill(bad, 0), v.masked_fill(bad, 0), plan, scale)
-        acc = lse.dtype
-        for bi, hi in nonfinite.hit.any(-1).nonzero().tolist():
-            rows = nonfinite.hit[bi, hi].nonzero()[:, 0]
-            o, l = _exact_rows(q[bi, hi, rows].to(acc), k[bi, hi].to(acc), v[bi, hi].to(acc),
-                               _row_mask(plan, hi, rows, q.shape[2]), scale)
-            out[bi, hi, rows], lse[bi, hi, rows] = o.to(out.dtype), l
-        return out, lse
+        return nonfinite_forward(q, k, v, plan, scale, nonfinite, gather_forward)
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
@@ -318,7 +203,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
         cq, ck, cv, cout, clse = _in_units(ops.unit, qb, kb, vb, out, lse)
         for i in range(b):
             qi = _take(cq[i], ops.queries)
-            o, l = _kernel_fwd(_one_run(qi, call.shared), ops.keys(ck[i]), ops.keys(cv[i]), mask, scale)
+            o, l = bias_attention_forward(_one_run(qi, call.shared), ops.keys(ck[i]), ops.keys(cv[i]), mask, scale)
             o, l = o.reshape(qi.shape), l.reshape(qi.shape[:-1])
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
@@ -338,24 +223,10 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per call, the kernel backward with the joint (out, lse): exact joint-softmax
     gradients (each call's P = exp(s − LSE), D = rowsum(dO·out) are the joint ones).
-    Rows a non-finite input reaches (see ``_nonfinite``) are left out of the
-    calls (zero q, dO, out and lse: they add exactly 0) and differentiated
-    exactly on their own."""
-    nonfinite = _nonfinite(q, k, v, plan, do)
+    Rows a non-finite input reaches are differentiated on their own (``nonfinite``)."""
+    nonfinite = find_nonfinite(q, k, v, plan, do)
     if nonfinite is not None:
-        bad, hit = nonfinite.keys[..., None], nonfinite.hit[..., None]
-        grads = gather_backward(do.masked_fill(hit, 0), q.masked_fill(hit, 0), k.masked_fill(bad, 0),
-                                v.masked_fill(bad, 0), out.masked_fill(hit, 0), lse.masked_fill(nonfinite.hit, 0),
-                                plan, scale)
-        dq, dk, dv = (g.clone() for g in grads)
-        for bi, hi in nonfinite.hit.any(-1).nonzero().tolist():
-            rows = nonfinite.hit[bi, hi].nonzero()[:, 0]
-            gq, gk, gv = _exact_grads(*(t.double() for t in (do[bi, hi, rows], q[bi, hi, rows], k[bi, hi], v[bi, hi])),
-                                      _row_mask(plan, hi, rows, q.shape[2]), scale)
-            dq[bi, hi, rows] += gq.to(dq.dtype)
-            dk[bi, hi] += gk.to(dk.dtype)
-            dv[bi, hi] += gv.to(dv.dtype)
-        return dq, dk, dv
+        return nonfinite_backward(do, q, k, v, out, lse, plan, scale, nonfinite, gather_backward)
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb, dob, ob = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v, do, out))
@@ -371,7 +242,7 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             do_i = _take(cdo[i], ops.queries)
             if ops.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * ops.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = _kernel_bwd(_one_run(do_i, shared), _one_run(_take(cq[i], ops.queries), shared),
+            g_q, g_k, g_v = bias_attention_backward(_one_run(do_i, shared), _one_run(_take(cq[i], ops.queries), shared),
                                         ops.keys(ck[i]), ops.keys(cv[i]), _one_run(_take(co[i], ops.queries), shared),
                                         _one_run(_take(cl[i], ops.queries), shared), mask, scale)
             _put(cdq[i], ops.queries, g_q.to(acc).reshape(do_i.shape), add=True)

@@ -1,26 +1,7 @@
-"""The block-gather backend's plan: which kernel calls one (pattern, N,
-block size, device, heads) takes.
-
-Rows (query blocks) whose lists share a run of dense blocks that slides with
-the row (local windows) or stays put (segments) get a band call: keys through
-an overlapping strided view, no copy. A block is dense when most of its keys,
-attended by some query of the row, take part; every other listed block is
-left over. Leftover blocks are gathered whole (random blocks: rows grouped by
-how many blocks they list, so a call has no padding slots and, where its
-blocks are full, no mask), or — when that drops a quarter of the keys —
-token by token, only the keys some query of the row attends (strided levels,
-the other residue of a dilated segment, a short global prefix), running only
-the queries that attend them. Calls whose rows already hold a band result
-merge into it by log-sum-exp. Token masks are built from ``mask_mod`` on
-partial blocks only, and cached while small.
-
-Two rules follow the CPU kernel's tiling, which is much faster on long query
-runs: rows that attend the same keys run stacked as one (``shared``), and a
-sliding band's rows are halved while that narrows their key window
-(``_sub_rows``; the backward only where that saves many pairs).
-
-The calls are ``BandCall``, ``BlockCall`` and ``TokenCall`` records (see
-``calls``); the tuning constants are a ``PlanOptions``.
+"""The block-gather backend's plan: which kernel calls (``BandCall``,
+``BlockCall``, ``TokenCall`` records, see ``calls``) one (pattern, N, block
+size, device, heads) takes, tuned by a ``PlanOptions``. The rules and why:
+docs/performance-block-sparse.md ("The plan").
 """
 
 from __future__ import annotations
@@ -31,7 +12,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pairs, token_pairs
+from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pair_mask, token_pairs
 
 __all__ = ["BandCall", "BlockCall", "Call", "GatherPlan", "PlanOptions", "TokenCall", "make_plan"]
 
@@ -175,7 +156,7 @@ def _sub_rows(pattern, n: int, call: BandCall, min_sub_rows: int, allowed: Tenso
     to another call of these rows). ``allowed``: the call's mask, when known."""
     bs = call.unit
     if allowed is None:
-        allowed = allowed_pairs(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
+        allowed = allowed_pair_mask(pattern, n, bs, call)  # (Hp, C, bs, K·bs)
     while bs // 2 >= min_sub_rows and bs % 2 == 0:
         c, dev, sub, unit = call.rows.numel(), call.idx.device, 2, bs // 2
         span = call.idx.shape[-1] * sub  # the band's keys, in sub-blocks
@@ -201,7 +182,7 @@ def _sub_rows(pattern, n: int, call: BandCall, min_sub_rows: int, allowed: Tenso
             idx = idx.expand(call.idx.shape[0], -1, -1)
             part = BandCall(torch.arange(r0, r0 + count, device=dev), r0, call.merge, idx, first, 1,
                             torch.zeros_like(idx, dtype=torch.bool), unit)
-            ok = allowed_pairs(pattern, n, unit, part)
+            ok = allowed_pair_mask(pattern, n, unit, part)
             part.full = ok.unflatten(-1, (w, unit)).all(-1).all(2)  # (Hp, count, w): every pair allowed
             parts.append((part, ok))
         if len(parts) > 1:

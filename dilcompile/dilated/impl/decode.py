@@ -1,23 +1,9 @@
-"""Dilated attention for a few queries at the end of a long key sequence (decode).
-
-q holds the last Nq of Nk positions: query i sits at position Nk − Nq + i.
-For each part (see ``geometry``) and each segment that holds one of those
-queries, only that segment's kept rows are touched: the queries are the
-segment's kept rows at or after Nk − Nq, the keys are all its kept rows (at
-most ``ceil(w / r)``; causal: those at or before the query). Keys are strided
-views of k and v, never copies of the sequence, so a query costs
-Σ_parts ``w / r`` key reads whatever Nk is. A position a part does not keep
-costs nothing (its offset test is integer arithmetic on Python ints).
-
-Each piece is an explicit softmax in the accumulator dtype (float32, float64
-for float64 inputs), folded into the rows it covers by the shared log-sum-exp
-merge (``numerics.merge_into``), as the full-length path merges its parts
-(counted with multiplicity). The backward
-recomputes each piece's scores against the *merged* lse, so it is the exact
-gradient of the joint softmax, merge weights and lse gradient included.
-
-Scores are materialised per piece, (B, heads, queries, keys): meant for few
-queries (the API sends at most ``DECODE_MAX_QUERIES`` here).
+"""Dilated attention for a few queries at the end of a long key sequence
+(q holds the last Nq of Nk positions): per part, only the kept rows of each
+query's segment, as strided views of k and v, in an explicit softmax merged
+by log-sum-exp; the backward recomputes against the merged lse. Scores are
+materialised per piece, so this is for few queries (at most
+``DECODE_MAX_QUERIES``). How and what it costs: docs/serving.md.
 """
 
 from __future__ import annotations

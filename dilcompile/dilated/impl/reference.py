@@ -14,7 +14,7 @@ from torch import Tensor
 from ..geometry import Part, multiplicity
 
 
-def reference_attention(
+def counted_attention_reference(
     q: Tensor, k: Tensor, v: Tensor, count: Tensor, scale: float
 ) -> tuple[Tensor, Tensor]:
     """Softmax attention where key j of row i is counted ``count[..., i, j]`` times.
@@ -70,4 +70,4 @@ def dilated_reference(
     count = multiplicity(parts, num_heads, n, causal, device=q.device)  # (H, N, N)
     if key_padding_mask is not None:
         count = count * (~key_padding_mask)[:, None, None, :]  # (B, H, N, N)
-    return reference_attention(q, k, v, count, scale)
+    return counted_attention_reference(q, k, v, count, scale)

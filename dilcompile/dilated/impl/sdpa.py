@@ -1,18 +1,8 @@
-"""Dilated attention on the device's fused attention kernel.
-
-Every part (see ``geometry``) is gathered with strided views — the kept rows
-of all full segments form one ``(B, heads·segments, rows, D)`` batch, the short
-last segment another — so each part costs one or two fused-kernel calls, never
-an N×N mask. On CPU the kernel reads the strided rows in place; CUDA kernels
-get contiguous copies. Parts of the first layer are disjoint and written
-directly; every later part is folded into the rows it covers by the shared
-log-sum-exp merge (``numerics.merge_into``) as soon as it is computed, so no
-part's output is held longer than its merge.
-
-Backward re-gathers the same rows and calls the kernel's backward with the
-*merged* output and lse, which yields the exact gradient of the joint softmax,
-merge weights included. A gradient arriving at the returned lse adds
-``dS += g·P``, computed with two more fused calls (no N×N either).
+"""Dilated attention on the device's fused attention kernel: each part (see
+``geometry``) is one or two kernel calls on strided views of its kept rows,
+folded into the output by the log-sum-exp merge; the backward calls the
+kernel's backward with the merged out and lse. How and why:
+docs/performance.md ("impl="sdpa"").
 """
 
 from __future__ import annotations
