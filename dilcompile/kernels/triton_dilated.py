@@ -18,6 +18,10 @@ The branch table is ``(m, 2)`` int32 of (w, r); the offset table ``(m, H)``
 int32 holds each head's row offset in each branch, −1 where the head does not
 use the branch (groups mode), so one kernel serves both modes.
 
+``scale`` is cast to fp32 on entry: torch.compile types a Python-float kernel
+argument as fp64, which would make the softmax state fp64 (a compile error in
+the forward's loop, thousands of fp64 instructions in the backward).
+
 Tensors are contiguous (B, H, N, D); lse and Δ are (B, H, N) float32; the
 optional key mask is (B, N) int8, 1 = keep. Offsets are int64 (B·H·N·D
 exceeds 2³¹ at N = 2²⁰).
@@ -59,6 +63,7 @@ def _fwd_kernel(
     d_ok = d < D
     q = tl.load(Q + base + rows[:, None].to(tl.int64) * D + d[None, :],
                 mask=(rows[:, None] < N) & d_ok[None, :], other=0.0)
+    scale = scale.to(tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634  # exp2 domain
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -132,6 +137,7 @@ def _dq_kernel(
     lse = tl.load(LSE + bh * N + rows, mask=row_ok, other=float("-inf")) * 1.4426950408889634
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows with no key: P is masked to 0 anyway
     delta = tl.load(DELTA + bh * N + rows, mask=row_ok, other=0.0)
+    scale = scale.to(tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     row_lo = pid_m * BLOCK_M
@@ -190,6 +196,7 @@ def _dkdv_kernel(
     tile_mask = (cols[:, None] < N) & d_ok[None, :]
     k = tl.load(K + tile, mask=tile_mask, other=0.0)
     v = tl.load(V + tile, mask=tile_mask, other=0.0)
+    scale = scale.to(tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
