@@ -63,7 +63,7 @@ def _fwd_kernel(
     d_ok = d < D
     q = tl.load(Q + base + rows[:, None].to(tl.int64) * D + d[None, :],
                 mask=(rows[:, None] < N) & d_ok[None, :], other=0.0)
-    scale = scale.to(tl.float32)  # fp64 under torch.compile
+    scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634  # exp2 domain
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -137,7 +137,7 @@ def _dq_kernel(
     lse = tl.load(LSE + bh * N + rows, mask=row_ok, other=float("-inf")) * 1.4426950408889634
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows with no key: P is masked to 0 anyway
     delta = tl.load(DELTA + bh * N + rows, mask=row_ok, other=0.0)
-    scale = scale.to(tl.float32)  # fp64 under torch.compile
+    scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     row_lo = pid_m * BLOCK_M
@@ -196,7 +196,7 @@ def _dkdv_kernel(
     tile_mask = (cols[:, None] < N) & d_ok[None, :]
     k = tl.load(K + tile, mask=tile_mask, other=0.0)
     v = tl.load(V + tile, mask=tile_mask, other=0.0)
-    scale = scale.to(tl.float32)  # fp64 under torch.compile
+    scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
     qk_scale = scale * 1.4426950408889634
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
