@@ -79,7 +79,7 @@ def _check_fixed_length(pattern, n: int) -> None:
 
 def static_pattern_names() -> list[str]:
     """Pattern names the page can draw: all but the data-dependent ones (adaptive)."""
-    return [name for name in patterns.PATTERN_NAMES if not patterns.PATTERNS[name].data_dependent]
+    return [name for name in patterns.PATTERNS if not patterns.PATTERNS[name].data_dependent]
 
 
 def example_spec(name: str) -> str:

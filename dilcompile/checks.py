@@ -123,7 +123,7 @@ def check_positive_ints(name: str, values) -> tuple[int, ...]:
 def check_int(name: str, value, minimum: int = 0, maximum: int | None = INT64_MAX) -> int:
     """An int in [minimum, maximum] (None: no upper bound) — not a bool (True
     would silently mean 1) nor a float (2.0 is a count only by accident)."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if not is_int(value, integral=True):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum or (maximum is not None and value > maximum):
         bound = f"≥ {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .checks import check_positive_int
+
 
 def keys_dtype(param_dtype: torch.dtype, device) -> torch.dtype:
     """The dtype of keys projected by parameters of ``param_dtype`` on
@@ -46,8 +48,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device=None):
         for name, value in (("num_layers", num_layers), ("batch", batch), ("num_heads", num_heads),
                             ("max_len", max_len), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(name, value)
         shape = (num_layers, batch, num_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dilcompile.patterns import (
-    PATTERN_NAMES, causal, dilated, from_spec, global_local, hierarchical, hilbert, intersection, local_window,
+    PATTERNS, causal, dilated, from_spec, global_local, hierarchical, hilbert, intersection, local_window,
     random_blocks, union,
 )
 
@@ -107,7 +107,7 @@ def test_hilbert_is_raster_attention_up_to_the_permutation():
 
 
 def test_spec_round_trip_and_defaults():
-    assert set(PATTERN_NAMES) >= {"local_window", "dilated", "global_local", "random_blocks", "hierarchical",
+    assert set(PATTERNS) >= {"local_window", "dilated", "global_local", "random_blocks", "hierarchical",
                                   "adaptive", "hilbert", "union", "intersection", "causal"}
     for pat, _, _ in STATIC:
         assert from_spec(repr(pat)) == pat

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import torch
 
 from ..patterns import causal as causal_of
-from ..patterns import from_template
+from ..patterns.spec import from_template
 from .impl.plan import GatherPlan, make_plan
 
 # Entries are weighed by their sequence length, as their cached masks grow with it (a

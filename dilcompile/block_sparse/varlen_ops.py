@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .. import varlen
-from ..patterns import from_template
+from ..patterns.spec import from_template
 from .dispatch import attend as attend_one
 
 

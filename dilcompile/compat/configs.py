@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import dilated
+from ..checks import is_int
 from .checks import warn_head_dim
 
 # `use_tf32`, `device`, `dtype`, memory-pool and checkpointing fields are kept for
@@ -16,7 +17,7 @@ from .checks import warn_head_dim
 
 def _positive_ints(name, values) -> tuple[int, ...]:
     values = tuple(values)
-    if not values or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in values):
+    if not values or any(not is_int(x) or x < 1 for x in values):
         raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
     return values
 

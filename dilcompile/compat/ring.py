@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import distributed
+from ..checks import is_int
 from ..dilated import DilatedAttentionConfig, dilated_attention
 from ._deprecation import warn_once
 from .checks import check_branches
@@ -30,7 +31,7 @@ RING_MH = "dilcompile.distributed.RingMultiheadDilatedAttention(..., mode='group
 
 
 def _check_ring_size(ring_size: int | None) -> None:
-    if ring_size is not None and (isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1):
+    if ring_size is not None and (not is_int(ring_size) or ring_size < 1):
         raise ValueError(f"ring_size must be a positive int or None, got {ring_size!r}")
 
 

@@ -46,6 +46,7 @@ from torch import fx
 from torch.fx.operator_schemas import normalize_function
 
 from .. import patterns
+from ..patterns.spec import template
 from ..block_sparse import ops as _block_sparse_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_fwd)
 from .rewrite_dilated import LOG, SDPA_TARGETS, RewriteLog, _val
 
@@ -266,7 +267,7 @@ def _rewrite_one(graph: fx.Graph, node: fx.Node):
 
 
 def _replace(graph, node, getters, q, k, v, pattern, causal, scale):
-    structure, numbers = patterns.template(pattern)
+    structure, numbers = template(pattern)
     fake_mode = torch._guards.detect_fake_mode([_val(q)])
     with graph.inserting_before(node):
         # The numbers enter as an in-graph float64 tensor (the op reads them on the host).

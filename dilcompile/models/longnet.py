@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import INT64_MAX, check_bool, check_int
+from ..checks import INT64_MAX, check_bool, check_int, check_positive_int
 from ..kv_cache import KVCache, keys_dtype
 from ..multihead import MultiheadDilatedAttention
 from ..varlen import _check_cu_tensor, check_padding_mask, packed_sequences
@@ -36,8 +36,7 @@ class LongNetConfig:
     def __post_init__(self):
         for name in ("vocab_size", "max_seq_len", "embed_dim", "num_heads", "num_layers", "mlp_ratio"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(name, value)
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
         object.__setattr__(self, "segment_lengths", tuple(self.segment_lengths))

@@ -15,10 +15,11 @@ from .hierarchical import hierarchical
 from .hilbert import hilbert
 from .local_window import local_window
 from .random_blocks import random_blocks
-from .spec import PATTERN_NAMES, PATTERNS, from_spec, from_template, template
+from .spec import PATTERNS, from_spec
 
+# The op's (structure, numbers) split, ``template`` / ``from_template``, is internal:
+# import it from ``dilcompile.patterns.spec``.
 __all__ = [
-    "PATTERN_NAMES", "PATTERNS", "AdaptiveConfig", "BlockLists", "Pattern", "adaptive", "causal", "dilated",
-    "from_spec", "from_template", "global_local", "hierarchical", "hilbert", "intersection", "local_window",
-    "random_blocks", "template", "union",
+    "PATTERNS", "AdaptiveConfig", "BlockLists", "Pattern", "adaptive", "causal", "dilated", "from_spec",
+    "global_local", "hierarchical", "hilbert", "intersection", "local_window", "random_blocks", "union",
 ]

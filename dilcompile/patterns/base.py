@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from . import blocks
-from .blocks import BlockLists, allowed_pairs, build_block_lists, span_candidates
+from .blocks import BlockLists, allowed_pair_count, build_block_lists, span_candidates
 from .template import template
 from .transpose import transpose_lists
 
@@ -156,7 +156,7 @@ class Pattern:
         pattern = (causal_of(self) if causal else self).with_heads(num_heads)
         lists = pattern.block_lists(num_heads, n, block_size)
         heads = num_heads if lists.num.shape[0] == 1 else 1  # a head-independent mask counts H times
-        return heads * allowed_pairs(pattern, lists, n, block_size)
+        return heads * allowed_pair_count(pattern, lists, n, block_size)
 
     def density(self, n: int, num_heads: int = 1, causal: bool = False) -> float:
         """Fraction of the (H, N, N) pairs allowed."""

@@ -173,7 +173,7 @@ def build_block_lists(pattern, num_heads: int, n: int, block_size: int, device=N
                       _pad_cat(out["fidx"]))
 
 
-def allowed_pairs(pattern, lists: BlockLists, n: int, bs: int) -> int:
+def allowed_pair_count(pattern, lists: BlockLists, n: int, bs: int) -> int:
     """Allowed pairs over all heads of ``lists`` (Hp heads)."""
     hp, nb, _ = lists.indices.shape
     total = 0
