@@ -4,7 +4,9 @@
         the standard sweep (dilcompile/profile/sweeps/standard.toml) restricted to one dtype,
         with the harvest's shorter timing window (see docs/gpu.md)
     python scripts/gpu_harvest.py summary DIR
-        one line about a folder written by `dilcompile runs export`
+        one line about a folder written by `dilcompile runs export`, then, for
+        every impl="triton" row on a GPU, measured ÷ the predicted time of
+        dilcompile/dilated/work.py (docs/gpu.md, "Predicted times")
     python scripts/gpu_harvest.py check-out OUT_DIR
         exit 1 if OUT_DIR breaks the GPU machine's output limits (file count, size, depth, names)
 """
@@ -69,7 +71,28 @@ def summary(directory: Path) -> str:
         f"FROM read_parquet('{m}')").fetchone()
     tel = directory / "telemetry.parquet"
     samples = con.execute(f"SELECT count(*) FROM read_parquet('{tel}')").fetchone()[0] if tel.exists() else 0
-    return f"{directory.name}: {total} runs ({ok} ok, {total - ok} not ok), {samples} telemetry samples, on {devices}"
+    head = f"{directory.name}: {total} runs ({ok} ok, {total - ok} not ok), {samples} telemetry samples, on {devices}"
+    rows = con.execute(
+        f"SELECT variant, mode, config, pass, batch, heads, seq_len, head_dim, dtype, causal, compiled, latency_ms, "
+        f"device FROM read_parquet('{m}') WHERE impl = 'triton' AND status = 'ok' AND device_kind = 'cuda' "
+        f"ORDER BY pass, compiled, seq_len").fetchall()
+    return "\n".join([head, *(prediction_line(*row) for row in rows)])
+
+
+def prediction_line(variant, mode, config, pass_, batch, heads, n, head_dim, dtype, causal, compiled, measured_ms,
+                    device) -> str:
+    """One triton row: measured, the roofline prediction and their ratio."""
+    import json
+
+    from dilcompile.dilated.work import peaks_for, predict_ms
+
+    c = json.loads(config)
+    peaks = peaks_for(device)
+    predicted = predict_ms(pass_, batch, heads, n, head_dim, c["segments"], c["rates"], mode or "longnet", causal,
+                           dtype, peaks)
+    return (f"  predicted {variant} {pass_} {'compiled' if compiled else 'eager'} N={n} {dtype}: measured "
+            f"{measured_ms:.3f} ms, predicted {predicted:.3f} ms on {peaks.name} → measured ÷ predicted "
+            f"{measured_ms / predicted:.2f}")
 
 
 def out_problems(out_dir: Path) -> list[str]:
@@ -97,7 +120,7 @@ def main(argv=None) -> int:
     s.add_argument("--tag", default=None)
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--max-time", type=float, default=0.5, help="seconds of timed work per point, at most")
-    m = sub.add_parser("summary", help="one line about an exported folder")
+    m = sub.add_parser("summary", help="a line about an exported folder, and triton rows against prediction")
     m.add_argument("dir", type=Path)
     c = sub.add_parser("check-out", help="check OUT_DIR against the output channel's limits")
     c.add_argument("out_dir", type=Path)

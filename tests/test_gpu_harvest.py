@@ -143,3 +143,27 @@ def test_bench_dilated_longnet_preset_and_triton_variant_build_their_points():
     assert {p.variant for p in dilated} == {"dilated", "dilated-triton"}
     assert {p.seq_len for p in points if p.variant == "sdpa"} == set(sizes["dense"])
     assert len(points) == 7 * 2 * 2 * 2 + 4 * 2
+
+
+def test_summary_prints_measured_over_predicted_for_triton_rows_on_a_gpu(tmp_path):
+    import duckdb
+
+    from dilcompile.dilated.work import H200, predict_ms
+
+    config = '{"segments": [2048, 4096, 8192, 16384, 32768], "rates": [1, 2, 4, 8, 16]}'
+    row = "'{v}', '{impl}', 'longnet', '{c}', '{p}', 1, 16, 65536, 128, 'bfloat16', false, {comp}, {ms}::DOUBLE, '{dev}', '{kind}', 'ok'"
+    rows = [row.format(v="dilated", impl="triton", c=config, p="fwd", comp="false", ms=12.5, dev="NVIDIA H200",
+                       kind="cuda"),
+            row.format(v="dilated", impl="sdpa", c=config, p="fwd", comp="false", ms=30.0, dev="NVIDIA H200",
+                       kind="cuda"),  # not triton: no prediction
+            row.format(v="dilated", impl="triton", c=config, p="fwd", comp="false", ms=900.0, dev="cpu", kind="cpu")]
+    columns = "variant, impl, mode, config, pass, batch, heads, seq_len, head_dim, dtype, causal, compiled, " \
+              "latency_ms, device, device_kind, status"
+    duckdb.execute(f"COPY (SELECT * FROM (VALUES ({'), ('.join(rows)})) t({columns})) "
+                   f"TO '{tmp_path / 'measurements.parquet'}' (FORMAT parquet)")
+    lines = gpu_harvest.summary(tmp_path).splitlines()
+    assert lines[0].startswith(f"{tmp_path.name}: 3 runs (3 ok, 0 not ok)")
+    predicted = predict_ms("fwd", 1, 16, 65536, 128, [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16],
+                           peaks=H200)
+    assert len(lines) == 2 and "N=65536 bfloat16" in lines[1] and "on H200" in lines[1]
+    assert lines[1].endswith(f"measured ÷ predicted {12.5 / predicted:.2f}")

@@ -37,9 +37,9 @@ _PKG = Path(__file__).resolve().parent.parent
 SOURCES = (
     "compiler/passes.py", "compiler/rewrite_dilated.py", "compiler/rewrite_block_sparse.py", "compiler/lowering.py",
     "numerics.py", "dilated/ops.py", "dilated/triton_ops.py", "dilated/decode_ops.py", "dilated/geometry.py",
-    "dilated/impl/*.py", "block_sparse/ops.py", "block_sparse/impl/*.py", "distributed/ops.py", "kernels/*.py",
-    "patterns/*.py", "varlen.py", "dilated/varlen_ops.py", "dilated/dispatch.py", "block_sparse/varlen_ops.py",
-    "block_sparse/dispatch.py",
+    "dilated/work.py", "dilated/impl/*.py", "block_sparse/ops.py", "block_sparse/impl/*.py", "distributed/ops.py",
+    "kernels/*.py", "patterns/*.py", "varlen.py", "dilated/varlen_ops.py", "dilated/dispatch.py",
+    "block_sparse/varlen_ops.py", "block_sparse/dispatch.py",
 )
 
 

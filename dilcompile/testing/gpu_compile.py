@@ -1,61 +1,177 @@
-"""Compile the fused dilated Triton kernels ahead of time for an NVIDIA target.
+"""Compile the fused dilated Triton kernels ahead of time for NVIDIA targets.
 
 No GPU is needed: ``triton.compile`` with an explicit ``GPUTarget`` lowers to
-PTX and cubin using the ptxas bundled with the triton wheel. This catches
-kernels that cannot compile on a device, e.g. a ``scale`` typed fp64 as
-torch.compile types Python floats.
+PTX and cubin with the ptxas bundled in the triton wheel, and ptxas's ``-v``
+report gives registers, spills and the stack frame; triton's metadata gives
+shared memory. ``matrix()`` lists every configuration the launcher
+(``dilated/impl/triton.py``) can produce, each typed as an eager launch types
+its arguments and as torch.compile does (``scale`` fp64, integers i64).
+
+    python -m dilcompile.testing.gpu_compile [--arch 80 90 100] [--jobs 2] [--largest] [--all-flags]
+
+prints the compile table of docs/gpu.md, "Compiled for the GPU". Runs with
+TRITON_INTERPRET unset (the interpreter replaces compilation).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 
-_POINTERS = {
-    "_fwd_kernel": ("Q", "K", "V", "O", "LSE", "KEEP", "BRANCHES", "OFFSETS"),
-    "_dq_kernel": ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "KEEP", "BRANCHES", "OFFSETS"),
-    "_dkdv_kernel": ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "KEEP", "BRANCHES", "OFFSETS"),
-}
-_HALF = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
+KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")
+DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIMS = (16, 32, 64, 128, 256)  # every BLOCK_D the launcher makes (the next power of two ≥ D, ≥ 16)
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448}  # bytes per block, opt-in maximum
+_FLOATS = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
+_FP32_POINTERS = {"O", "LSE", "DELTA", "DQ", "DK", "DV"}  # the fp32 accumulators, lse and Δ
 
 
-def compile_kernel(name: str, dtype: str, head_dim: int, arch: int,
-                   scale_type: str = "fp32", causal: bool = True, has_keep: bool = True):
-    """Compile one kernel for ``sm_<arch>`` with the launcher's GPU tiles; returns
-    triton's compiled kernel (``.asm['cubin']``, ``.n_regs``, ``.n_spills``)."""
-    if os.environ.get("TRITON_INTERPRET"):
-        raise RuntimeError("TRITON_INTERPRET is set: unset it to compile for a GPU")
+@dataclass(frozen=True)
+class Config:
+    kernel: str
+    dtype: str
+    head_dim: int
+    tile: int
+    arch: int
+    causal: bool = True
+    has_keep: bool = True
+    typing: str = "eager"  # or "inductor": scale fp64, integers i64
+
+
+@dataclass(frozen=True)
+class Report:
+    config: Config
+    registers: int
+    spill_bytes: int  # spill stores
+    stack_bytes: int  # the stack frame
+    shared_bytes: int
+    fp64_instructions: int  # ".f64" in the PTX: only the entry cast of an fp64 scale may have one
+
+    @property
+    def shared_ok(self) -> bool:
+        return self.shared_bytes <= SHARED_LIMIT.get(self.config.arch, min(SHARED_LIMIT.values()))
+
+
+def tiles_for(head_dim: int, dtype: str) -> tuple[int, ...]:
+    """The tiles ``work.branch_tile`` can choose for this head dim and dtype."""
+    from dilcompile.dilated.work import TILES, tile_cap
+
+    return tuple(t for t in TILES if t <= tile_cap(head_dim, 4 if dtype == "fp32" else 2))
+
+
+def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
+    """Every (kernel, dtype, head dim, tile, arch) the launcher produces, with
+    all four (causal, key mask) flag pairs under both typings when ``flags``,
+    else with the heaviest (causal, key mask) under both typings."""
+    pairs = [(c, k) for c in (False, True) for k in (False, True)] if flags else [(True, True)]
+    return [Config(kernel, dtype, d, tile, arch, causal, keep, typing)
+            for arch in archs for kernel in KERNELS for dtype in DTYPES for d in HEAD_DIMS for tile in tiles_for(d, dtype)
+            for causal, keep in pairs for typing in ("eager", "inductor")]
+
+
+def compile_kernel(config: Config):
+    """Compile one configuration; returns (triton's compiled kernel, ptxas's -v log)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1: unset it to compile for a GPU")
     import torch
     import triton
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from dilcompile.dilated.impl import triton as launcher
     from dilcompile.kernels import triton_dilated as kernels
 
-    fn = getattr(kernels, name)
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    fn = getattr(kernels, config.kernel)
+    integer = "i64" if config.typing == "inductor" else "i32"
     signature = {}
     for arg in fn.arg_names:
-        if arg in _POINTERS[name]:
-            if arg in ("LSE", "DELTA"):
-                signature[arg] = "*fp32"
-            elif arg == "KEEP":
-                signature[arg] = "*i8"
-            elif arg in ("BRANCHES", "OFFSETS"):
-                signature[arg] = "*i32"
-            else:
-                signature[arg] = _HALF[dtype]
-        elif arg in ("m", "H", "N", "D"):
-            signature[arg] = "i32"
+        if arg == "KEEP":
+            signature[arg] = "*i8"
+        elif arg == "OFFSETS":
+            signature[arg] = "*i32"
+        elif arg in _FP32_POINTERS:
+            signature[arg] = "*fp32"
+        elif arg in ("Q", "K", "V", "DO"):
+            signature[arg] = _FLOATS[config.dtype]
+        elif arg in ("H", "N", "D", "w", "r"):
+            signature[arg] = integer
         elif arg == "scale":
-            signature[arg] = scale_type
+            signature[arg] = "fp64" if config.typing == "inductor" else "fp32"
         else:
             signature[arg] = "constexpr"
-    blocks = launcher._blocks(head_dim)  # GPU tiles: TRITON_INTERPRET is unset
-    num_warps = blocks.pop("num_warps", 4)
-    num_stages = blocks.pop("num_stages", 2)
-    constexprs = dict(blocks, HAS_KEEP=has_keep, CAUSAL=causal,
-                      PREC=launcher._precision(torch_dtype))
-    src = ASTSource(fn, signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim,
+                            {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype])
+    options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
+    precision = 1 if config.dtype == "fp32" else 0  # the GPU's choice (launcher._precision off the interpreter)
+    constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=precision)
+    # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
+    # aligned pointers, and N, D and w divisible by 16 (head dims here are).
+    attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
+             if signature[arg].startswith("*") or arg in ("N", "D", "w")}
+    log = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True
+    knobs.compilation.always_compile = True  # a cached kernel brings no ptxas report
+    try:
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                                      target=GPUTarget("cuda", config.arch, 32), options=options)
+    finally:
+        knobs.nvidia.dump_ptxas_log = False
+        knobs.compilation.always_compile = False
+    return compiled, log.getvalue()
+
+
+def report(config: Config) -> Report:
+    """Compile ``config`` and read ptxas's report and triton's shared memory."""
+    compiled, log = compile_kernel(config)
+
+    def number(pattern):
+        found = re.search(pattern, log)
+        return int(found.group(1)) if found else 0
+
+    if "Used" not in log:
+        raise RuntimeError(f"no ptxas report for {config}: {log!r}")
+    return Report(config, registers=number(r"Used (\d+) registers"),
+                  spill_bytes=number(r"(\d+) bytes spill stores"), stack_bytes=number(r"(\d+) bytes stack frame"),
+                  shared_bytes=int(compiled.metadata.shared), fp64_instructions=compiled.asm["ptx"].count(".f64"))
+
+
+def reports(configs: list[Config], jobs: int = 2) -> list[Report]:
+    """``report`` of every configuration, ``jobs`` processes at a time."""
+    if jobs <= 1:
+        return [report(c) for c in configs]
+    with ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(report, configs, chunksize=4))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90, 100])
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--all-flags", action="store_true", help="every flag pair (default: the heaviest, causal + mask)")
+    p.add_argument("--largest", action="store_true", help="only the largest tile of each kernel, dtype and D")
+    args = p.parse_args(argv)
+    configs = matrix(tuple(args.arch), flags=args.all_flags)
+    if args.largest:
+        configs = [c for c in configs if c.tile == tiles_for(c.head_dim, c.dtype)[0]]
+    rows = reports(configs, args.jobs)
+    print("| kernel | dtype | D | tile | sm | typing | causal, mask | registers | spill B | stack B | shared B |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        c = r.config
+        print(f"| {c.kernel} | {c.dtype} | {c.head_dim} | {c.tile} | {c.arch} | {c.typing} | {int(c.causal)}, "
+              f"{int(c.has_keep)} | {r.registers} | {r.spill_bytes} | {r.stack_bytes} | {r.shared_bytes} |")
+    print(*(dict(asdict(r.config), **{k: v for k, v in asdict(r).items() if k != "config"}) for r in rows),
+          sep="\n", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

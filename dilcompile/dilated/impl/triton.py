@@ -1,8 +1,8 @@
 """Dilated attention on the fused Triton kernels (``kernels/triton_dilated.py``).
 
 Host-side launchers only: they validate what the kernels cannot serve, lay
-out the branch table and launch through ``torch.library.wrap_triton`` so the
-launch is traceable (``dilated/triton_ops.py`` wraps them in
+out each head's class per branch, pick each branch's tile (``dilated/work.py``)
+and launch through ``torch.library.wrap_triton`` so the launch is traceable (``dilated/triton_ops.py`` wraps them in
 ``torch.library.triton_op``; Inductor then sees the kernels and fuses around
 them). Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors.
 """
@@ -17,10 +17,10 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
+from ..work import branch_tile, branches, tile_shape
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-BRANCH_MAX = 2**30
 
 
 def interpreting() -> bool:
@@ -42,14 +42,24 @@ def check_triton_input(q: Tensor) -> None:
                          "or set TRITON_INTERPRET=1 to run the kernels on CPU (slow, for tests)")
 
 
-def _blocks(head_dim: int) -> dict:
-    """Tile sizes: small under the interpreter (it is numpy, per program), FA2-like on GPU."""
+def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") for a branch whose
+    programs own ``tile`` positions (``work.tile_shape``)."""
     block_d = max(16, 1 << (head_dim - 1).bit_length())
-    if interpreting():
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d)
-    if block_d <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=4, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, num_warps=4, num_stages=2)
+    owned, walked = tile_shape(tile, head_dim, dtype.itemsize)
+    meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
+    if not interpreting():
+        # warps by tile area: fewer spill (ptxas's report, tests/test_gpu_compile.py)
+        warps = 8 if tile >= 128 or tile * block_d >= 128 * 64 else 4 if tile >= 32 or block_d >= 128 else 2
+        meta.update(num_warps=warps, num_stages=2)
+    return dict(meta, BLOCK_D=block_d)
+
+
+def _programs(w: int, r: int, n, tile: int):
+    """Programs of one branch launch: tiles per segment × segments. ``n`` may be
+    a SymInt (``sym_min`` adds no guard)."""
+    span = torch.sym_min(w, n)
+    return triton_cdiv(n, span) * triton_cdiv(triton_cdiv(span, r), tile)
 
 
 def _precision(dtype: torch.dtype) -> int:
@@ -59,13 +69,6 @@ def _precision(dtype: torch.dtype) -> int:
     if dtype == torch.float32:
         return 1
     return 2 if interpreting() else 0
-
-
-def _branch_table(segment_lengths: list[int], dilation_rates: list[int], device) -> Tensor:
-    # Every w or r ≥ N acts alike, and the kernels' int32 index math needs
-    # N + r < 2³¹: clamping to 2³⁰ changes nothing for N ≤ 2³⁰.
-    pairs = [min(int(x), BRANCH_MAX) for w, r in zip(segment_lengths, dilation_rates) for x in (w, r)]
-    return torch.tensor(pairs, dtype=torch.int32, device=device)  # (m·2,) = (w_0, r_0, w_1, r_1, ...)
 
 
 def _offset_table(num_heads, segment_lengths: list[int], dilation_rates: list[int], mode: str, device) -> Tensor:
@@ -96,22 +99,21 @@ def dilated_forward_triton(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
     causal: bool, scale: float, key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m)."""
+    """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
+    One launch per branch, each merging into an fp32 output and the lse."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch, heads, n, dim = q.shape
-    out = torch.empty_like(q)
-    lse = torch.empty((batch, heads, n), dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
     keep, has_keep = _keep(key_padding_mask, q)
-    blocks = _blocks(dim)
-    grid = (triton_cdiv(n, blocks["BLOCK_M"]), batch * heads)
-    wrap_triton(_fwd_kernel)[grid](
-        q, k, v, out, lse, keep, _branch_table(segment_lengths, dilation_rates, q.device),
-        _offset_table(heads, segment_lengths, dilation_rates, mode, q.device),
-        len(segment_lengths), heads, n, dim, float(scale),
-        HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype),
-        **blocks,
-    )
-    return out, lse
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
+    flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
+        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
+        wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
+            q, k, v, out, lse, keep, offsets[i], heads, n, dim, w, r, float(scale), **flags,
+            **_launch("fwd", tile, dim, q.dtype))
+    return out.to(q.dtype), lse
 
 
 def dilated_backward_triton(
@@ -119,7 +121,8 @@ def dilated_backward_triton(
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse."""
+    """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse;
+    per branch a dq and a dk/dv launch, adding into fp32 buffers."""
     q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
     batch, heads, n, dim = q.shape
     delta = (grad_out.float() * out.float()).sum(-1)  # (B, H, N): Δ = rowsum(dO ∘ O)
@@ -127,18 +130,19 @@ def dilated_backward_triton(
         delta = delta - torch.where(lse.isfinite(), grad_lse.float(), torch.zeros_like(delta))
     delta = delta.contiguous()
     lse = lse.float().contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3))
     keep, has_keep = _keep(key_padding_mask, q)
-    tables = (_branch_table(segment_lengths, dilation_rates, q.device),
-              _offset_table(heads, segment_lengths, dilation_rates, mode, q.device))
-    blocks = _blocks(dim)
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
-    common = (len(segment_lengths), heads, n, dim, float(scale))
-    wrap_triton(_dq_kernel)[(triton_cdiv(n, blocks["BLOCK_M"]), batch * heads)](
-        q, k, v, grad_out, lse, delta, dq, keep, *tables, *common, **flags, **blocks)
-    wrap_triton(_dkdv_kernel)[(triton_cdiv(n, blocks["BLOCK_N"]), batch * heads)](
-        q, k, v, grad_out, lse, delta, dk, dv, keep, *tables, *common, **flags, **blocks)
-    return dq, dk, dv
+    for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
+        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
+        grid = (_programs(w, r, n, tile), batch * heads)
+        common = (keep, offsets[i], heads, n, dim, w, r, float(scale))
+        wrap_triton(_dq_kernel)[grid](q, k, v, grad_out, lse, delta, dq, *common, **flags,
+                                      **_launch("dq", tile, dim, q.dtype))
+        wrap_triton(_dkdv_kernel)[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
+                                        **_launch("dkdv", tile, dim, q.dtype))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def triton_cdiv(a, b):

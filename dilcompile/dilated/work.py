@@ -1,0 +1,173 @@
+"""The work the fused Triton kernels issue, and the H100 time it predicts.
+
+The kernels (``kernels/triton_dilated.py``) launch once per branch; a program
+owns a square tile of same-class positions. This module picks that tile and
+counts, from the launch geometry alone (no triton, no GPU), the score pairs,
+matmul FLOPs, exponentials and compulsory HBM bytes each kernel issues. The
+test suite checks the counts against Triton's interpreter with its dot
+wrapped (``testing/issued.py``); docs/gpu.md, "Issued work" and "Predicted
+times", explains the model and its assumed peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .geometry import group_bounds, longnet_offset
+
+TILES = (128, 64, 32, 16)
+MAX_WASTE = 1.1  # issued ÷ useful matmul work a branch's tile may cost
+BRANCH_MAX = 2**30  # w, r ≥ N act alike; the kernels' int32 index math needs N + r < 2³¹
+
+# Matmuls per score pair: forward QKᵀ, PV; dq: QKᵀ, dO Vᵀ, dS K; dk/dv: KQᵀ, V dOᵀ, Pᵀ dO, dSᵀ Q.
+DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}
+
+
+def class_pairs(n: int, causal: bool, tile: int | None = None, inner: int | None = None,
+                owner: str = "query") -> int:
+    """Score pairs of one residue class of ``n`` positions: the useful ones, or
+    (``tile`` given) the ones a kernel issues when a program owns ``tile``
+    positions and walks the other side in blocks of ``inner`` (docs/gpu.md,
+    "Issued work"). ``owner`` "query" (forward, dq): a tile of queries walks the
+    keys, up to its own end when causal; "key" (dk/dv): a tile of keys walks
+    the queries, from its own start when causal."""
+    if n <= 0:
+        return 0
+    if tile is None:
+        return n * (n + 1) // 2 if causal else n * n
+    inner = inner or tile
+    total = 0
+    for start in range(0, n, tile):
+        if owner == "query":
+            walked = min(n, start + tile) if causal else n
+        else:
+            walked = n - start if causal else n
+        total += tile * -(-walked // inner) * inner
+    return total
+
+
+def tile_cap(head_dim: int, dtype_bytes: int) -> int:
+    """The largest owned tile that compiles without spilling registers
+    (docs/gpu.md, "Compiled for the GPU"): fp32's IEEE dot runs on FMA units
+    and holds more in registers; wide heads hold more per row."""
+    if dtype_bytes == 4:
+        return 32
+    return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
+
+
+def tile_shape(tile: int, head_dim: int, dtype_bytes: int) -> tuple[int, int]:
+    """(owned, walked): the owned tile and the block the walk loads at a time."""
+    return tile, min(tile, 16 if dtype_bytes == 4 else 64 if head_dim <= 64 else 32)
+
+
+def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2) -> int:
+    """The largest tile that keeps branch (w, r)'s issued work within MAX_WASTE
+    of its useful work in every kernel — for a class of ⌈w / r⌉ positions, or
+    ⌈N / r⌉ when N < w and N is a number (a traced N is not read: no guard) —
+    capped by ``tile_cap``; 16, the smallest MMA tile, when none does."""
+    span = min(w, n) if isinstance(n, int) else w
+    size = -(-span // r)
+    cap = tile_cap(head_dim, dtype_bytes)
+    useful = class_pairs(size, causal)
+    for tile in TILES:
+        inner = tile_shape(tile, head_dim, dtype_bytes)[1]
+        if tile <= cap and all(class_pairs(size, causal, tile, inner, owner) <= MAX_WASTE * useful
+                               for owner in ("query", "key")):
+            return tile
+    return TILES[-1]
+
+
+def branches(segment_lengths, dilation_rates) -> list[tuple[int, int]]:
+    """(w, r) of every branch as the kernels take them (clamped to BRANCH_MAX)."""
+    return [(min(int(w), BRANCH_MAX), min(int(r), BRANCH_MAX)) for w, r in zip(segment_lengths, dilation_rates)]
+
+
+def head_classes(num_heads: int, segment_lengths, dilation_rates, mode: str) -> list[list[int]]:
+    """Per branch, the class offset of every head that uses it (the rule of
+    ``impl/triton._offset_table`` on plain ints)."""
+    m = len(segment_lengths)
+    out = []
+    for i, r in enumerate(dilation_rates):
+        if mode == "longnet":
+            out.append([longnet_offset(h, num_heads, r) for h in range(num_heads)])
+        else:
+            out.append([i % r] * group_bounds(i, num_heads, m)[1])
+    return out
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one kernel issues over all its launches for one (B, H, N, D) call."""
+    pairs: int  # score pairs computed, masked ones included
+    useful_pairs: int  # pairs that count (with multiplicity), the same for every kernel
+    flops: float  # matmul FLOPs issued, 2·M·N·K per tile product
+    exps: float  # exponentials (one per issued pair)
+    bytes: float  # compulsory HBM traffic (see docs/gpu.md, "Predicted times")
+
+    @property
+    def waste(self) -> float:
+        return self.pairs / self.useful_pairs if self.useful_pairs else 1.0
+
+
+def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, segment_lengths, dilation_rates,
+                mode: str = "longnet", causal: bool = False, element_bytes: int = 2) -> Work:
+    """Issued work of ``kernel`` ("fwd", "dq" or "dkdv") over every branch."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    pairs = useful = rows = 0
+    classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
+    for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
+        tile = branch_tile(w, r, n, head_dim, causal, element_bytes)
+        inner = tile_shape(tile, head_dim, element_bytes)[1]
+        owner = "key" if kernel == "dkdv" else "query"
+        span = min(w, n)
+        full, tail = divmod(n, span)
+        for off in offsets:
+            for count, length in ((full, span), (1 if tail else 0, tail)):
+                size = -(-(length - off) // r)
+                pairs += count * class_pairs(size, causal, tile, inner, owner)
+                useful += count * class_pairs(size, causal)
+                rows += count * max(size, 0)
+    pairs, useful, rows = pairs * batch, useful * batch, rows * batch
+    flops = 2.0 * DOTS[kernel] * pairs * block_d
+    # Compulsory traffic per branch launch: the rows' own tensors once, and the
+    # fp32 accumulators read and written (K, V re-reads of a class stay in L2).
+    per_row = {"fwd": 3 * element_bytes * head_dim + 2 * 4 * head_dim + 2 * 4,  # q k v; O rw; lse rw
+               "dq": 4 * element_bytes * head_dim + 2 * 4 * head_dim + 2 * 4,  # q k v dO; dQ rw; lse, Δ
+               "dkdv": 4 * element_bytes * head_dim + 4 * 4 * head_dim + 2 * 4}[kernel]
+    return Work(pairs, useful, flops, float(pairs), float(rows * per_row))
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """A GPU's peak rates, per second."""
+    name: str
+    matmul_half: float  # bf16/fp16 tensor-core FLOP/s, dense
+    matmul_fp32: float  # fp32 FMA FLOP/s (the kernels' fp32 dot is IEEE, no TF32)
+    exp: float  # special-function (ex2) results/s
+    hbm: float  # bytes/s
+
+
+H100_SXM = Peaks("H100 SXM", matmul_half=989e12, matmul_fp32=67e12, exp=3.9e12, hbm=3.35e12)
+H200 = Peaks("H200", matmul_half=989e12, matmul_fp32=67e12, exp=3.9e12, hbm=4.8e12)  # H100's SMs, faster HBM
+
+
+def peaks_for(device: str) -> Peaks:
+    """The peaks of a device named as the run store names it (H100 unless it says H200)."""
+    return H200 if "H200" in (device or "") else H100_SXM
+
+
+def predict_ms(pass_: str, batch: int, num_heads: int, n: int, head_dim: int, segment_lengths, dilation_rates,
+               mode: str = "longnet", causal: bool = False, dtype: str = "bfloat16", peaks: Peaks = H100_SXM) -> float:
+    """Roofline time of impl="triton" for ``pass_`` ("fwd" or "fwd_bwd"): per
+    kernel the slowest of matmul, exponentials and HBM bytes at ``peaks``, summed
+    over the kernels the pass runs. A lower bound; measured ÷ predicted says how
+    far a run is from it."""
+    half = dtype in ("bfloat16", "float16")
+    kernels = ("fwd",) if pass_ == "fwd" else ("fwd", "dq", "dkdv")
+    total = 0.0
+    for kernel in kernels:
+        work = kernel_work(kernel, batch, num_heads, n, head_dim, segment_lengths, dilation_rates, mode, causal,
+                           2 if half else 4)
+        total += max(work.flops / (peaks.matmul_half if half else peaks.matmul_fp32),
+                     work.exps / peaks.exp, work.bytes / peaks.hbm)
+    return total * 1e3
