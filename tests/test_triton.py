@@ -17,13 +17,14 @@ pytestmark = [
 ]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-# (N, H, segments, rates, causal, mode, padded): tiles of 16 rows cross segment
-# boundaries, w % r != 0, segments longer than N, rows no branch covers (groups).
+# (N, H, segments, rates, causal, mode, padded): w % r != 0, segments longer
+# than N, short last segments, rows no branch covers (groups), tiles of 16 to 128.
 CASES = [
     (37, 3, (8, 16), (1, 2), False, "longnet", False),
     (37, 3, (8, 16), (1, 2), True, "longnet", False),
     (29, 5, (12, 100), (1, 3), True, "longnet", True),
     (23, 5, (8, 16, 64), (1, 2, 3), False, "groups", False),
+    (1000, 2, (256, 512, 1000), (1, 2, 4), False, "groups", True),  # 128-row tiles (docs/gpu.md)
 ]
 
 
