@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr):
     """a @ b with fp32 accumulation. PREC 0: the dtype's native MMA; 1: fp32
