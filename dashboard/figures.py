@@ -4,6 +4,7 @@ returns a ``plotly.graph_objects.Figure``; nothing here imports Streamlit."""
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import plotly.express as px
@@ -89,6 +90,8 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
     hover = [c for c in ("dtype", "pass", "causal", "batch", "heads", "head_dim", "config_label", "latency_p20_ms",
                          "latency_p80_ms", "status") if c in data]
     positive = bool((data[metric] > 0).all())
+    if data["seq_len"].nunique() == 1:  # one length (e.g. layouts of one batch): a line would be a dot
+        return _metric_bars(data, metric, title, facet, log_y and positive, hover)
     fig = px.line(data, x="seq_len", y=metric, color="line", facet_col=facet if facet else None,
                   facet_col_wrap=3 if facet else 0, markers=True, log_x=True, log_y=log_y and positive,
                   hover_data=hover, template=TEMPLATE,
@@ -104,6 +107,41 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
             fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
                       legend={"orientation": "h", "y": -0.18}, margin={"t": 40})
+    return fig
+
+
+_LAYOUT = re.compile(r"^(?P<base>.*?)-(?P<layout>packed|docs|padded-dense|padded)(?P<rest>[:·].*|$)")
+
+
+def _layout_split(label: str) -> tuple[str, str]:
+    """("dilated · fwd", "packed") from "dilated-packed · fwd": the batch layout
+    a profiler variant names (``profile/documents.LAYOUTS``), or "" if none."""
+    m = _LAYOUT.match(label)
+    return (m["base"] + m["rest"], m["layout"]) if m else (label, "")
+
+
+def _metric_bars(data: pd.DataFrame, metric: str, title: str, facet: str | None, log_x: bool,
+                 hover: list[str]) -> go.Figure:
+    """``metric`` at one sequence length: a horizontal bar per series, labelled
+    with its value, one panel per ``facet`` value; the layouts of one batch
+    (packed, docs, padded, padded-dense) sit together, in that order."""
+    from dilcompile.profile.documents import LAYOUTS
+
+    n = int(data["seq_len"].iloc[0])
+
+    def key(label):
+        family, layout = _layout_split(label)
+        return family, (("",) + LAYOUTS).index(layout)
+
+    fig = px.bar(data, x=metric, y="line", orientation="h", facet_col=facet if facet else None,
+                 facet_col_wrap=3 if facet else 0, log_x=log_x, hover_data=hover, template=TEMPLATE,
+                 text=data[metric].map(lambda v: f"{v:.3g}"),
+                 category_orders={"line": sorted(data["line"].unique(), key=key)},
+                 labels={metric: f"{title} at N = {_short(n)}", "line": ""})
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_traces(textposition="outside", cliponaxis=False)  # the longest bar's value too
+    fig.update_yaxes(automargin=True)
+    fig.update_layout(height=120 + 26 * data["line"].nunique(), margin={"t": 40, "r": 70})  # r: the value labels
     return fig
 
 

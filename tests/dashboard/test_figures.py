@@ -256,3 +256,27 @@ def test_seq_len_axis_labels_the_measured_lengths(runs):
     points["seq_len"] = points["seq_len"].map({48: 16384, 96: 1000})
     fig = figures.metric_vs_seq_len(points, "tokens_per_s", facet=None)
     assert list(fig.layout.xaxis.tickvals) == [1000, 16384] and list(fig.layout.xaxis.ticktext) == ["1000", "16k"]
+
+
+def test_metric_at_one_length_is_a_bar_per_series(runs):
+    # The layouts of one packed batch share N: a line per series would be a column of dots.
+    points = analysis.latest(runs)
+    one = points[points["seq_len"] == points["seq_len"].max()]
+    fig = figures.metric_vs_seq_len(one, "latency_ms", facet="dtype")
+    assert {t.type for t in fig.data} == {"bar"}
+    bars = {(y, x) for t in fig.data for x, y in zip(t.x, t.y)}
+    want = {(label, v) for label, v in zip(figures.line_labels(one, "dtype"), one["latency_ms"])}
+    assert bars == want
+    assert f"at N = {figures._short(int(one['seq_len'].iloc[0]))}" in fig.layout.xaxis.title.text
+
+
+def test_bars_group_the_layouts_of_a_batch():
+    rows = [(f"{family}-{layout}{spec}", layout, ms) for family, spec in (("dilated", ""), ("block-sparse", ":local(8)"))
+            for layout, ms in (("padded-dense", 50.0), ("packed", 10.0), ("docs", 11.0), ("padded", 12.0))]
+    df = pd.DataFrame({"series": [r[0] for r in rows], "latency_ms": [r[2] for r in rows], "seq_len": 65536,
+                       "device": "cpu", "dtype": "float32", "pass": "fwd", "causal": True})
+    fig = figures.metric_vs_seq_len(df, "latency_ms", facet=None)
+    order = list(fig.layout.yaxis.categoryarray)[::-1]  # bottom to top in plotly: reversed, top to bottom
+    assert order == ["block-sparse-packed:local(8)", "block-sparse-docs:local(8)", "block-sparse-padded:local(8)",
+                     "block-sparse-padded-dense:local(8)", "dilated-packed", "dilated-docs", "dilated-padded",
+                     "dilated-padded-dense"]
