@@ -23,10 +23,24 @@ def _compiled_flex():
     return torch.compile(flex_attention, fullgraph=True, dynamic=False)
 
 
+def kernel_options(block_mask, device: torch.device) -> dict | None:
+    """Tiles for Inductor's flex kernels when the mask's blocks are smaller than
+    its defaults: on an H100 the forward's default tile has 128 query rows, and
+    a tile must divide the mask's block (block_size=64 fails to compile without
+    this; found by compiling for sm_90 with ``testing/fake_gpu.py``). Every tile
+    becomes the largest power of two ≤ 64 dividing both block sizes."""
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    if device.type != "cuda" or (q_block % 128 == 0 and kv_block % 128 == 0):
+        return None
+    tile = min(64, q_block & -q_block, kv_block & -kv_block)
+    return {name: tile for name in ("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
+
+
 def flex_forward(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> Tensor:
     """q, k, v (B, H, N, D); block_mask from ``pattern.block_mask`` → (B, H, N, D)."""
+    options = kernel_options(block_mask, q.device)
     if torch.compiler.is_compiling():  # already inside a compiled region: call the op directly
         from torch.nn.attention.flex_attention import flex_attention
 
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)

@@ -106,7 +106,7 @@ def dilated_forward_triton(
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
     keep, has_keep = _keep(key_padding_mask, q)
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
@@ -132,7 +132,7 @@ def dilated_backward_triton(
     lse = lse.float().contiguous()
     dq, dk, dv = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3))
     keep, has_keep = _keep(key_padding_mask, q)
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
