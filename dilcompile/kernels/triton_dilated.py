@@ -94,6 +94,22 @@ def _branch_tile(OFFSETS, H, N, D, w, r, scale, BLOCK: tl.constexpr, BLOCK_D: tl
 
 
 @triton.jit
+def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
+               HAS_KEEP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Class indices tk of keys t0 … t0 + BLOCK_N − 1, which of them count
+    (inside the class's first ``n_keys`` and kept by the key mask), and their
+    k and v rows, loaded with stride r (the forward's and dq's walk)."""
+    tk = t0 + tl.arange(0, BLOCK_N)
+    kpos = s0 + off + tk * r
+    k_ok = tk < n_keys
+    if HAS_KEEP:
+        k_ok = k_ok & (tl.load(KEEP + b * N + kpos, mask=k_ok, other=0) != 0)
+    kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
+    kv_mask = k_ok[:, None] & d_ok[None, :]
+    return tk, k_ok, tl.load(K + kv, mask=kv_mask, other=0.0), tl.load(V + kv, mask=kv_mask, other=0.0)
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, KEEP, OFFSETS, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
@@ -115,15 +131,8 @@ def _fwd_kernel(
         if CAUSAL:  # keys past the tile's last query never count
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         for t0 in range(0, n_keys, BLOCK_N):
-            tk = t0 + tl.arange(0, BLOCK_N)
-            kpos = s0 + off + tk * r
-            k_ok = tk < n_keys
-            if HAS_KEEP:
-                k_ok = k_ok & (tl.load(KEEP + b * N + kpos, mask=k_ok, other=0) != 0)
-            kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
-            kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + kv, mask=kv_mask, other=0.0)
-            v = tl.load(V + kv, mask=kv_mask, other=0.0)
+            tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
+                                        HAS_KEEP, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
             keep = q_ok[:, None] & k_ok[None, :]
             if CAUSAL:
@@ -177,15 +186,8 @@ def _dq_kernel(
         if CAUSAL:
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         for t0 in range(0, n_keys, BLOCK_N):
-            tk = t0 + tl.arange(0, BLOCK_N)
-            kpos = s0 + off + tk * r
-            k_ok = tk < n_keys
-            if HAS_KEEP:
-                k_ok = k_ok & (tl.load(KEEP + b * N + kpos, mask=k_ok, other=0) != 0)
-            kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
-            kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + kv, mask=kv_mask, other=0.0)
-            v = tl.load(V + kv, mask=kv_mask, other=0.0)
+            tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
+                                        HAS_KEEP, BLOCK_N)
             keep = q_ok[:, None] & k_ok[None, :]
             if CAUSAL:
                 keep = keep & (tk[None, :] <= t[:, None])
