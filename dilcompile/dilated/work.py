@@ -11,6 +11,7 @@ times", explains the model and its assumed peaks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .geometry import group_bounds, longnet_offset
@@ -66,7 +67,11 @@ def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int
     ⌈N / r⌉ when N < w and N is a number (a traced N is not read: no guard) —
     capped by ``tile_cap``; 16, the smallest MMA tile, when none does."""
     span = min(w, n) if isinstance(n, int) else w
-    size = -(-span // r)
+    return _largest_tile(-(-span // r), head_dim, bool(causal), dtype_bytes)
+
+
+@functools.lru_cache(maxsize=4096)  # per launch, on the host: the walk over tiles costs ~0.1 ms
+def _largest_tile(size: int, head_dim: int, causal: bool, dtype_bytes: int) -> int:
     cap = tile_cap(head_dim, dtype_bytes)
     useful = class_pairs(size, causal)
     for tile in TILES:

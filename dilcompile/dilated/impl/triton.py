@@ -1,8 +1,9 @@
 """Dilated attention on the fused Triton kernels (``kernels/triton_dilated.py``).
 
 Host-side launchers only: they validate what the kernels cannot serve, lay
-out each head's class per branch, pick each branch's tile (``dilated/work.py``)
-and launch through ``torch.library.wrap_triton`` so the launch is traceable (``dilated/triton_ops.py`` wraps them in
+out each head's class per branch, pick each branch's tile
+(``dilated/work.py``) and launch through ``torch.library.wrap_triton`` so the
+launch is traceable (``dilated/triton_ops.py`` wraps them in
 ``torch.library.triton_op``; Inductor then sees the kernels and fuses around
 them). Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors.
 """
