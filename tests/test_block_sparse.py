@@ -165,6 +165,23 @@ def test_compiled_fullgraph_and_parameter_change_does_not_recompile(fresh_dynamo
     assert not counters["graph_break"]
 
 
+def test_spec_string_inside_fullgraph_after_one_eager_parse(fresh_dynamo):
+    # ast cannot be traced: a spec parsed once outside is looked up; a new one is refused, saying what to do
+    spec = "union(local_window(window=7), dilated(segment_lengths=(32,64), dilation_rates=(1,2)))"
+    fn = torch.compile(lambda q, k, v: block_sparse_attention(q, k, v, spec, causal=True, block_size=16),
+                       fullgraph=True)
+    q, k, v = random_qkv(1, 2, 90, 8, dtype=torch.float32)
+    import dilcompile.patterns.spec as spec_module
+
+    spec_module._PARSED.pop(spec, None)
+    with pytest.raises(Exception, match="parse it outside first"):
+        fn(q, k, v)
+    torch._dynamo.reset()
+    want = block_sparse_attention(q, k, v, spec, causal=True, block_size=16)  # parses it
+    torch.testing.assert_close(fn(q, k, v), want)
+    assert not counters["graph_break"]
+
+
 def test_module_and_custom_op_opcheck(fresh_dynamo):
     module = BlockSparseAttention("random_blocks(density=0.3, block_size=16)", block_size=16)
     q, k, v = random_qkv(1, 2, 70, 8, dtype=torch.float32, requires_grad=True)

@@ -8,6 +8,7 @@ from torch import Tensor
 from .. import varlen
 from ..checks import check_bool, check_positive_int, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
+from ..patterns.spec import parsed_spec
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_varlen_*)
 from .config import IMPLS
 from .dispatch import attend
@@ -81,7 +82,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     """
     check_qkv(q, k, v, "block-sparse attention", shorter_q=True)
     if isinstance(pattern, str):
-        pattern = from_spec(pattern)
+        pattern = parsed_spec(pattern) if torch.compiler.is_compiling() else from_spec(pattern)
     if not isinstance(pattern, Pattern):
         raise TypeError(f"pattern must be a dilcompile.patterns pattern or a spec string, got {type(pattern).__name__}")
     check_bool("causal", causal)

@@ -61,17 +61,37 @@ def _call(node: ast.Call, numbers: list | None) -> Pattern:
         raise ValueError(f"pattern spec {ast.unparse(node)!r}: {err}") from err
 
 
+_PARSED: dict[str, Pattern] = {}  # spec → pattern, so a compiled region can look a parsed spec up
+_PARSED_MAX = 1024
+
+
 def from_spec(spec: str) -> Pattern:
     """A pattern from a spec string such as ``"dilated(segment_lengths=(2048,4096),dilation_rates=(1,2))"``."""
     if isinstance(spec, Pattern):
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise TypeError(f"spec must be a non-empty string such as 'local_window(window=256)', got {spec!r}")
+    if spec in _PARSED:
+        return _PARSED[spec]
     try:
         tree = ast.parse(spec.strip(), mode="eval").body
     except SyntaxError as err:
         raise ValueError(f"pattern spec {spec!r} is not a call expression like 'local_window(window=256)'") from err
-    return _value(tree, None) if isinstance(tree, (ast.Name, ast.Call)) else _bad(spec)
+    pattern = _value(tree, None) if isinstance(tree, (ast.Name, ast.Call)) else _bad(spec)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[spec] = pattern
+    return pattern
+
+
+def parsed_spec(spec: str) -> Pattern:
+    """``from_spec`` inside torch.compile: the parser (``ast``) cannot be traced,
+    so the spec must have been parsed once outside (any eager call with it
+    does, as does ``from_spec(spec)``)."""
+    if spec not in _PARSED:
+        raise ValueError(f"pattern spec {spec!r} inside torch.compile: parse it outside first — pass "
+                         f"from_spec({spec!r}) (a pattern object) or call once eagerly with the string")
+    return _PARSED[spec]
 
 
 def _bad(spec):
