@@ -110,7 +110,7 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
     return fig
 
 
-_LAYOUT = re.compile(r"^(?P<base>.*?)-(?P<layout>packed|docs|padded-dense|padded)(?P<rest>[:·].*|$)")
+_LAYOUT = re.compile(r"^(?P<base>.*?)-(?P<layout>packed|docs|padded-dense|padded)(?P<rest>(?::| ·| \(| \[).*|$)")
 
 
 def _layout_split(label: str) -> tuple[str, str]:
@@ -135,7 +135,7 @@ def _metric_bars(data: pd.DataFrame, metric: str, title: str, facet: str | None,
 
     fig = px.bar(data, x=metric, y="line", orientation="h", facet_col=facet if facet else None,
                  facet_col_wrap=3 if facet else 0, log_x=log_x, hover_data=hover, template=TEMPLATE,
-                 text=data[metric].map(lambda v: f"{v:.3g}"),
+                 text=data[metric].map(lambda v: f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"),
                  category_orders={"line": sorted(data["line"].unique(), key=key)},
                  labels={metric: f"{title} at N = {_short(n)}", "line": ""})
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))

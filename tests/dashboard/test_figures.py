@@ -280,3 +280,11 @@ def test_bars_group_the_layouts_of_a_batch():
     assert order == ["block-sparse-packed:local(8)", "block-sparse-docs:local(8)", "block-sparse-padded:local(8)",
                      "block-sparse-padded-dense:local(8)", "dilated-packed", "dilated-docs", "dilated-padded",
                      "dilated-padded-dense"]
+
+
+def test_layout_split_reads_labels_with_pass_and_suffixes():
+    assert figures._layout_split("dilated-packed · fwd") == ("dilated · fwd", "packed")
+    assert figures._layout_split("block-sparse-padded-dense:local(8) · fwd_bwd") == \
+        ("block-sparse:local(8) · fwd_bwd", "padded-dense")
+    assert figures._layout_split("dilated-docs (compiled)") == ("dilated (compiled)", "docs")
+    assert figures._layout_split("dilated-packedness") == ("dilated-packedness", "")
