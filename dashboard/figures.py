@@ -3,6 +3,7 @@ returns a ``plotly.graph_objects.Figure``; nothing here imports Streamlit."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -110,13 +111,18 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
     return fig
 
 
-_LAYOUT = re.compile(r"^(?P<base>.*?)-(?P<layout>packed|docs|padded-dense|padded)(?P<rest>(?::| ·| \(| \[).*|$)")
+@functools.cache
+def _layout_pattern() -> re.Pattern:
+    from dilcompile.profile.documents import LAYOUTS
+
+    names = "|".join(sorted(map(re.escape, LAYOUTS), key=len, reverse=True))  # padded-dense before padded
+    return re.compile(rf"^(?P<base>.*?)-(?P<layout>{names})(?P<rest>(?::| ·| \(| \[).*|$)")
 
 
 def _layout_split(label: str) -> tuple[str, str]:
     """("dilated · fwd", "packed") from "dilated-packed · fwd": the batch layout
     a profiler variant names (``profile/documents.LAYOUTS``), or "" if none."""
-    m = _LAYOUT.match(label)
+    m = _layout_pattern().match(label)
     return (m["base"] + m["rest"], m["layout"]) if m else (label, "")
 
 

@@ -47,6 +47,11 @@ def class_pairs(n: int, causal: bool, tile: int | None = None, inner: int | None
     return total
 
 
+def block_d(head_dim: int) -> int:
+    """The kernels' head-dim lanes: the next power of two ≥ head_dim, at least 16 (an MMA's K)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def tile_cap(head_dim: int, dtype_bytes: int) -> int:
     """The largest owned tile that compiles without spilling registers
     (docs/gpu.md, "Compiled for the GPU"): fp32's IEEE dot runs on FMA units
@@ -117,7 +122,7 @@ class Work:
 def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, segment_lengths, dilation_rates,
                 mode: str = "longnet", causal: bool = False, element_bytes: int = 2) -> Work:
     """Issued work of ``kernel`` ("fwd", "dq" or "dkdv") over every branch."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    lanes = block_d(head_dim)
     pairs = useful = rows = 0
     classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
     for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
@@ -133,7 +138,7 @@ def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, 
                 useful += count * class_pairs(size, causal)
                 rows += count * max(size, 0)
     pairs, useful, rows = pairs * batch, useful * batch, rows * batch
-    flops = 2.0 * DOTS[kernel] * pairs * block_d
+    flops = 2.0 * DOTS[kernel] * pairs * lanes
     # Compulsory traffic per branch launch: the rows' own tensors once, and the
     # fp32 accumulators read and written (K, V re-reads of a class stay in L2).
     per_row = {"fwd": 3 * element_bytes * head_dim + 2 * 4 * head_dim + 2 * 4,  # q k v; O rw; lse rw

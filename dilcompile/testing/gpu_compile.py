@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import re
 import sys
@@ -106,11 +107,10 @@ def compile_kernel(config: Config):
             signature[arg] = "fp64" if config.typing == "inductor" else "fp32"
         else:
             signature[arg] = "constexpr"
-    meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim,
-                            {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype])
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype]
+    meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
-    precision = 1 if config.dtype == "fp32" else 0  # the GPU's choice (launcher._precision off the interpreter)
-    constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=precision)
+    constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=launcher._precision(dtype))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
@@ -168,8 +168,9 @@ def main(argv=None) -> int:
         c = r.config
         print(f"| {c.kernel} | {c.dtype} | {c.head_dim} | {c.tile} | {c.arch} | {c.typing} | {int(c.causal)}, "
               f"{int(c.has_keep)} | {r.registers} | {r.spill_bytes} | {r.stack_bytes} | {r.shared_bytes} |")
-    print(*(dict(asdict(r.config), **{k: v for k, v in asdict(r).items() if k != "config"}) for r in rows),
-          sep="\n", file=sys.stderr)
+    for r in rows:  # one JSON line per configuration, for scripts
+        print(json.dumps(dict(asdict(r.config), **{k: v for k, v in asdict(r).items() if k != "config"})),
+              file=sys.stderr)
     return 0
 
 

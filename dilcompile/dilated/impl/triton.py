@@ -18,7 +18,7 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
-from ..work import branch_tile, branches, tile_shape
+from ..work import block_d, branch_tile, branches, tile_shape
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -46,14 +46,14 @@ def check_triton_input(q: Tensor) -> None:
 def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") for a branch whose
     programs own ``tile`` positions (``work.tile_shape``)."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    lanes = block_d(head_dim)
     owned, walked = tile_shape(tile, head_dim, dtype.itemsize)
     meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
     if not interpreting():
         # warps by tile area: fewer spill (ptxas's report, tests/test_gpu_compile.py)
-        warps = 8 if tile >= 128 or tile * block_d >= 128 * 64 else 4 if tile >= 32 or block_d >= 128 else 2
+        warps = 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2
         meta.update(num_warps=warps, num_stages=2)
-    return dict(meta, BLOCK_D=block_d)
+    return dict(meta, BLOCK_D=lanes)
 
 
 def _programs(w: int, r: int, n, tile: int):
