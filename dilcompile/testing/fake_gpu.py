@@ -18,9 +18,16 @@ stand-ins (each says why it is needed) and removes them on exit:
 fake CUDA inputs and returns every Triton kernel Inductor compiled, including
 user kernels of ``torch.library.triton_op``. Inside ``fake_h100()`` and a
 ``FakeTensorMode``; ``to_fake_cuda`` moves modules and BlockMasks there.
-Not covered: a backward. The autograd engine of a CPU-only build has no CUDA
-device queue, so a backward over fake CUDA tensors aborts the process; the
-backward kernels compile through their ops called directly instead.
+
+A backward needs more. Autograd asks c10 for the CUDA device guard when it
+records a fake CUDA leaf, and ATen's CUDA hooks for an accelerator when it
+runs; a CPU-only build registers neither, and the process aborts in C++.
+``build_fake_cuda_runtime(directory)`` compiles a tiny shared library that
+registers both as no-ops (one device, its default stream, nothing else); a
+fresh process loads it with ``ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)``
+before importing torch, which queries the hooks once, on import. Then
+``compile_for_sm90(fn, ..., backward=True)`` compiles a loss's forward and
+backward graphs, as a training step does on a GPU.
 
 Private pieces of torch and triton are looked up defensively:
 ``FakeGpuUnavailable`` names the one that is missing (the tests skip).
@@ -29,6 +36,10 @@ Private pieces of torch and triton are looked up defensively:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
 
 import torch
 
@@ -98,6 +109,7 @@ def _stand_ins() -> list[tuple[object, str, object]]:
         (cuda, "_maybe_exchange_device", _returns(0)),
         (cuda, "set_device", _returns(None)),
         (cuda, "synchronize", _returns(None)),
+        (cuda, "_lazy_init", _returns(None)),  # device queries from C++ (fake runtime loaded) call it first
         (iface, "is_available", staticmethod(_returns(True))),
         (iface, "device_count", staticmethod(_returns(1))),
         (iface, "current_device", staticmethod(_returns(0))),
@@ -200,15 +212,21 @@ def fake_h100():
                 setattr(obj, name, value)
 
 
-def compile_for_sm90(fn, *inputs) -> list[tuple[str, int, int]]:
+def compile_for_sm90(fn, *inputs, backward: bool = False) -> list[tuple[str, int, int]]:
     """``torch.compile(fn, fullgraph=True)`` on fake CUDA ``inputs``, through
     Inductor to sm_90 cubin; returns (kernel name, cubin bytes, shared memory
     bytes) of every Triton kernel compiled. The compiled callable is dropped:
-    Dynamo's graph then runs on the fake inputs, which computes nothing."""
+    Dynamo's graph then runs on the fake inputs, which computes nothing.
+    ``backward``: ``fn`` returns a loss of parameters that require grad, and
+    its backward graph is compiled now rather than at the first backward
+    (which would run on fake tensors); needs the fake CUDA runtime (above)."""
     import triton
+    import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    if backward and not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        raise FakeGpuUnavailable("torch lacks torch._functorch.config.force_non_lazy_backward_lowering")
     compiled = []
     real_compile = triton.compile
 
@@ -224,7 +242,9 @@ def compile_for_sm90(fn, *inputs) -> list[tuple[str, int, int]]:
     torch._dynamo.reset()
     triton.compile = recording_compile
     try:
-        with inductor_config.patch(compile_threads=1):  # in this process, where triton.compile is wrapped
+        eager_backward = functorch_config.patch(force_non_lazy_backward_lowering=True) if backward else \
+            contextlib.nullcontext()
+        with inductor_config.patch(compile_threads=1), eager_backward:  # in this process, triton.compile wrapped
             torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
     finally:
         triton.compile = real_compile
@@ -232,11 +252,85 @@ def compile_for_sm90(fn, *inputs) -> list[tuple[str, int, int]]:
     return compiled
 
 
+_RUNTIME_SOURCE = r"""
+// No-op CUDA device guard and ATen CUDA hooks for a CPU-only torch
+// (dilcompile/testing/fake_gpu.py): one device, its default stream.
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+namespace at::fake_cuda {
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using c10::Stream;
+
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return DeviceType::CUDA; }
+  Device exchangeDevice(Device) const override { return Device(DeviceType::CUDA, 0); }
+  Device getDevice() const override { return Device(DeviceType::CUDA, 0); }
+  void setDevice(Device) const override {}
+  void uncheckedSetDevice(Device) const noexcept override {}
+  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
+  Stream exchangeStream(Stream s) const override { return s; }
+  DeviceIndex deviceCount() const noexcept override { return 1; }
+};
+C10_REGISTER_GUARD_IMPL(CUDA, Guard);
+
+struct CUDAHooks final : CUDAHooksInterface {  // the registry's key is the class name
+  explicit CUDAHooks(CUDAHooksArgs) {}
+  void init() const override {}
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasCUDA() const override { return true; }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  DeviceIndex deviceCount() const override { return 1; }
+  DeviceIndex getCurrentDevice() const override { return 0; }
+  DeviceIndex current_device() const override { return 0; }
+  int getNumGPUs() const override { return 1; }
+};
+REGISTER_CUDA_HOOKS(CUDAHooks);
+}  // namespace at::fake_cuda
+"""
+
+
+def build_fake_cuda_runtime(directory: str) -> str:
+    """Compile the fake CUDA runtime for this torch into ``directory`` (once
+    per torch and source) and return the library's path. Load it in a fresh
+    process before torch is imported (module doc)."""
+    if torch.version.cuda is not None:
+        raise FakeGpuUnavailable(f"torch {torch.__version__} is a CUDA build: it has the real runtime")
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if compiler is None:
+        raise FakeGpuUnavailable("no C++ compiler (c++ or g++) to build the fake CUDA runtime")
+    key = hashlib.sha256(f"{torch.__version__}\n{_RUNTIME_SOURCE}".encode()).hexdigest()[:16]
+    library = os.path.join(directory, f"fake_cuda_runtime_{key}.so")
+    if os.path.exists(library):
+        return library
+    os.makedirs(directory, exist_ok=True)
+    source = os.path.join(directory, f"fake_cuda_runtime_{key}.{os.getpid()}.cpp")
+    with open(source, "w") as f:
+        f.write(_RUNTIME_SOURCE)
+    root = os.path.dirname(torch.__file__)
+    lib = os.path.join(root, "lib")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+               "-I", os.path.join(root, "include"), source, f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10",
+               "-ltorch_cpu", "-o", source + ".so"]
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise FakeGpuUnavailable(f"the fake CUDA runtime did not compile: {run.stderr.strip()[-1500:]}")
+    os.replace(source + ".so", library)  # whole or absent, should two processes build it
+    os.remove(source)
+    return library
+
+
 def to_fake_cuda(obj):
     """A module (its parameters and buffers), a FlexAttention BlockMask or a
     tree of tensors with every tensor a fake CUDA tensor of the same shape,
     strides and dtype. Call inside the ``FakeTensorMode``; a module is
-    converted in place (``requires_grad_(False)`` it first: see the module doc)."""
+    converted in place. Convert parameters that do not require grad (a fake
+    CUDA leaf that does aborts without the fake runtime: module doc), and
+    ``requires_grad_()`` the result for a backward."""
     import torch.utils._pytree as pytree
 
     def convert(t):
