@@ -7,7 +7,7 @@ produce, with the heaviest flags (causal, key mask) and eager typing; with
 torch.compile's typing (scale fp64, integers i64) and on sm_80 and sm_100
 (when this triton targets it) the largest tile of each; the lighter flag
 pairs on sm_90 at head dims 64 and 128. Budgets: half precision spills
-nothing on sm_90, anything spills at most 1 KB, shared memory within the
+nothing on sm_90 and at most 16 B elsewhere, fp32 at most 1 KB, shared memory within the
 device's limit, and only the entry cast of an fp64 scale is fp64."""
 
 import json
@@ -70,7 +70,8 @@ def test_kernels_compile_for_the_gpu_within_budgets():
     assert len(rows) == len(configs)
     problems = []
     for r in rows:
-        spill_budget = 0 if r["dtype"] != "fp32" and r["arch"] == 90 else 1024
+        half = r["dtype"] != "fp32"
+        spill_budget = (0 if r["arch"] == 90 else 16) if half else 1024  # 16 B: a few words, in L1
         found = [f"spills {r['spill']} B" for _ in [0] if r["spill"] > spill_budget] + \
             [f"shared {r['shared']} B" for _ in [0] if r["shared"] > SHARED_LIMIT[r["arch"]]] + \
             [f"{r['fp64']} fp64 instructions" for _ in [0] if r["fp64"] > (2 if r["typing"] == "inductor" else 0)]

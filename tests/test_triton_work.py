@@ -13,7 +13,7 @@ import torch
 from dilcompile import dilated_attention
 from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
-from dilcompile.dilated.work import MAX_WASTE, branch_tile, class_pairs, kernel_work, predict_ms
+from dilcompile.dilated.work import MAX_WASTE, branch_tile, class_pairs, kernel_work, predict_ms, tile_shape
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
 
 pytestmark = [
@@ -97,6 +97,17 @@ def test_class_pairs_by_brute_force():
                 issued += tile * len(range(lo, hi, inner)) * inner
             assert class_pairs(n, causal, tile, inner, owner) == issued
         assert class_pairs(n, causal) == sum(range(1, n + 1) if causal else [n] * n)
+
+
+def test_a_shorter_walk_issues_no_more_pairs():
+    # work.tile_shape: before Hopper the backward walks 32 rows where branch_tile's bound took the forward's 64
+    rng = random.Random(1)
+    for _ in range(300):
+        n, tile, causal = rng.randint(1, 3000), rng.choice([64, 128]), rng.random() < 0.5
+        for owner in ("query", "key"):
+            assert class_pairs(n, causal, tile, 32, owner) <= class_pairs(n, causal, tile, 64, owner)
+    assert tile_shape(128, 64, 2, "dkdv", 80) == (128, 32) and tile_shape(128, 64, 2, "dkdv", 90) == (128, 64)
+    assert tile_shape(128, 64, 2, "fwd", 80) == (128, 64)
 
 
 def test_tile_rule():

@@ -61,9 +61,18 @@ def tile_cap(head_dim: int, dtype_bytes: int) -> int:
     return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
 
 
-def tile_shape(tile: int, head_dim: int, dtype_bytes: int) -> tuple[int, int]:
-    """(owned, walked): the owned tile and the block the walk loads at a time."""
-    return tile, min(tile, 16 if dtype_bytes == 4 else 64 if head_dim <= 64 else 32)
+def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90) -> tuple[int, int]:
+    """(owned, walked): the owned tile and the block the walk loads at a time.
+    Before Hopper the backward kernels walk 32 rows: with 64 a 128-row tile
+    spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md). A shorter walk
+    issues no more pairs, so ``branch_tile``'s bound with the forward's holds."""
+    if dtype_bytes == 4:
+        walk = 16
+    elif head_dim > 64 or (arch < 90 and kernel != "fwd"):
+        walk = 32
+    else:
+        walk = 64
+    return tile, min(tile, walk)
 
 
 def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2) -> int:
@@ -127,7 +136,7 @@ def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, 
     classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
     for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
         tile = branch_tile(w, r, n, head_dim, causal, element_bytes)
-        inner = tile_shape(tile, head_dim, element_bytes)[1]
+        inner = tile_shape(tile, head_dim, element_bytes, kernel)[1]
         owner = "key" if kernel == "dkdv" else "query"
         span = min(w, n)
         full, tail = divmod(n, span)

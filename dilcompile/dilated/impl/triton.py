@@ -43,11 +43,20 @@ def check_triton_input(q: Tensor) -> None:
                          "or set TRITON_INTERPRET=1 to run the kernels on CPU (slow, for tests)")
 
 
-def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") for a branch whose
-    programs own ``tile`` positions (``work.tile_shape``)."""
+def _arch(q: Tensor) -> int:
+    """q's compute capability as 80, 90, …; 90 off a GPU (the interpreter)."""
+    if q.device.type != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability(q.device)
+    return 10 * major + minor
+
+
+def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
+    """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") on compute
+    capability ``arch`` for a branch whose programs own ``tile`` positions
+    (``work.tile_shape``)."""
     lanes = block_d(head_dim)
-    owned, walked = tile_shape(tile, head_dim, dtype.itemsize)
+    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch)
     meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
     if not interpreting():
         # warps by tile area: fewer spill (ptxas's report, tests/test_gpu_compile.py)
@@ -113,7 +122,7 @@ def dilated_forward_triton(
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, out, lse, keep, offsets[i], heads, n, dim, w, r, float(scale), **flags,
-            **_launch("fwd", tile, dim, q.dtype))
+            **_launch("fwd", tile, dim, q.dtype, _arch(q)))
     return out.to(q.dtype), lse
 
 
@@ -135,14 +144,15 @@ def dilated_backward_triton(
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
         grid = (_programs(w, r, n, tile), batch * heads)
         common = (keep, offsets[i], heads, n, dim, w, r, float(scale))
         wrap_triton(_dq_kernel)[grid](q, k, v, grad_out, lse, delta, dq, *common, **flags,
-                                      **_launch("dq", tile, dim, q.dtype))
+                                      **_launch("dq", tile, dim, q.dtype, arch))
         wrap_triton(_dkdv_kernel)[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
-                                        **_launch("dkdv", tile, dim, q.dtype))
+                                        **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
