@@ -180,8 +180,10 @@ def test_block_sparse_packed_equals_each_sequence_alone(seed, shorter_queries, d
 
 
 def test_block_sparse_packed_flex_inference():
-    """FlexAttention (CPU: inference, float32) per sequence inside the packed op."""
-    pattern, lengths = local_window(3), [1, 20]  # FlexAttention compiles once per length: few lengths
+    """FlexAttention (CPU: inference, float32) per sequence inside the packed op,
+    twelve lengths: more than Dynamo's default eight graphs per function, which
+    a graph per length once exhausted (flex.py compiles for dynamic lengths)."""
+    pattern, lengths = local_window(3), [1, 20, 7, 33, 4, 61, 12, 45, 2, 90, 26, 5]
     q, k, v = (t.detach() for t in _packed_qkv(lengths, lengths, 2, 16, dtype=torch.float32, seed=5))
     cu = torch.tensor(_bounds(lengths))
     out = block_sparse_attention(q, k, v, pattern, causal=True, block_size=4, impl="flex", cu_seqlens=cu)

@@ -141,6 +141,9 @@ class Pattern:
                 return None
             if wide and t.dim() == 3 and t.shape[-1] < nb:
                 t = torch.cat([t, t[..., -1:].expand(*t.shape[:-1], nb - t.shape[-1])], -1)
+            # A view's base is guarded by compiled FlexAttention, and the lists'
+            # bases differ with N: own the storage, so one graph serves every N.
+            t = t.clone() if t._base is not None else t
             return t.unsqueeze(0).expand(B, H, *t.shape[1:]) if t.shape[0] == 1 else t.unsqueeze(0).expand(B, *t.shape)
 
         return BlockMask(

@@ -1,8 +1,11 @@
 """FlexAttention backend: the pattern's analytic ``BlockMask`` and
 ``mask_mod`` handed to ``torch.nn.attention.flex_attention``.
 
-GPU (torch 2.11–2.13): training and inference; the kernel is compiled once
-per mask structure (``torch.compile(flex_attention)``, cached here).
+GPU (torch 2.11–2.13): training and inference; the kernel is compiled per
+mask structure (``torch.compile(flex_attention)``, cached here): for a
+structure's first length, then once more for every length (automatic
+dynamic shapes), plus a mask of one block and one of one token — about four
+graphs, however many lengths a packed batch or a server brings.
 CPU (torch 2.13): inference only and compiled only — FlexAttention on CPU has
 no backward and no LSE; the API refuses ``impl="flex"`` on CPU when a gradient
 is needed. A row with no allowed key outputs 0.
@@ -16,11 +19,17 @@ import torch
 from torch import Tensor
 
 
+# Dynamo's graph budget per function is process-wide (8 by default) and every
+# mask structure takes about four graphs of flex_attention: raised for our
+# calls only, so sixteen structures fit before Dynamo refuses a new one.
+RECOMPILE_LIMIT = 64
+
+
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    return torch.compile(flex_attention, fullgraph=True)
 
 
 def kernel_options(block_mask, device: torch.device) -> dict | None:
@@ -43,4 +52,6 @@ def flex_forward(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> T
         from torch.nn.attention.flex_attention import flex_attention
 
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
