@@ -40,7 +40,7 @@ if case.startswith("multihead"):
 elif case.startswith("block-sparse"):
     from dilcompile.block_sparse import cache
     from dilcompile.patterns import local_window
-    pattern, block = local_window(64), int(case.split("-")[-1])
+    pattern, block = local_window(64), int(case.split("-")[2])
     prepared = cache.block_mask(pattern, True, 1, 4, 512, block, "cpu")
 elif case.startswith("decoder"):
     from dilcompile.models import LongNetConfig, LongNetDecoder
@@ -62,6 +62,11 @@ try:
             bwd = torch.ops.dilcompile.dilated_triton_bwd
             report(compile_for_sm90(lambda *t: bwd(t[4], None, *t[:4], lse, [128, 256], [1, 2], "longnet", True,
                                                    0.125, None), q, k, v, o, do))
+        elif case.endswith("dynamic"):  # what eager impl="flex" compiles at a second length: all sizes symbolic
+            from dilcompile.block_sparse.impl.flex import flex_forward
+            q, k, v = (cuda(1, 4, 512, 64) for _ in range(3))
+            report(compile_for_sm90(lambda q, k, v, mask: flex_forward(q, k, v, mask, 0.125), q, k, v,
+                                    to_fake_cuda(prepared), dynamic=True))
         elif case.startswith("block-sparse"):
             from dilcompile import block_sparse_attention
             cache._get(cache._flex_key(pattern, True, 1, 4, 512, block, "cuda:0"), lambda: to_fake_cuda(prepared),
@@ -126,6 +131,12 @@ def test_dilated_triton_backward_kernels_compile_for_sm90():
 def test_block_sparse_flex_compiles_for_sm90(block):
     # block 64 needed kernel_options: Inductor's default H100 tile (128 rows) must divide the block
     names = [name for name, _, _ in _compile(f"block-sparse-{block}")]
+    assert any("flex_attention" in name for name in names), names
+
+
+def test_block_sparse_flex_with_dynamic_lengths_compiles_for_sm90():
+    # the graph eager impl="flex" compiles at a sequence's second length (block_sparse/impl/flex.py)
+    names = [name for name, _, _ in _compile("block-sparse-128-dynamic")]
     assert any("flex_attention" in name for name in names), names
 
 

@@ -212,14 +212,15 @@ def fake_h100():
                 setattr(obj, name, value)
 
 
-def compile_for_sm90(fn, *inputs, backward: bool = False) -> list[tuple[str, int, int]]:
+def compile_for_sm90(fn, *inputs, backward: bool = False, dynamic: bool | None = None) -> list[tuple[str, int, int]]:
     """``torch.compile(fn, fullgraph=True)`` on fake CUDA ``inputs``, through
     Inductor to sm_90 cubin; returns (kernel name, cubin bytes, shared memory
     bytes) of every Triton kernel compiled. The compiled callable is dropped:
     Dynamo's graph then runs on the fake inputs, which computes nothing.
     ``backward``: ``fn`` returns a loss of parameters that require grad, and
     its backward graph is compiled now rather than at the first backward
-    (which would run on fake tensors); needs the fake CUDA runtime (above)."""
+    (which would run on fake tensors); needs the fake CUDA runtime (above).
+    ``dynamic``: as ``torch.compile``'s (True: the graph a second length gets)."""
     import triton
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
@@ -245,7 +246,7 @@ def compile_for_sm90(fn, *inputs, backward: bool = False) -> list[tuple[str, int
         eager_backward = functorch_config.patch(force_non_lazy_backward_lowering=True) if backward else \
             contextlib.nullcontext()
         with inductor_config.patch(compile_threads=1), eager_backward:  # in this process, triton.compile wrapped
-            torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
+            torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*inputs)
     finally:
         triton.compile = real_compile
         torch._dynamo.reset()
