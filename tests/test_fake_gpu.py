@@ -42,6 +42,15 @@ elif case.startswith("block-sparse"):
     from dilcompile.patterns import local_window
     pattern, block = local_window(64), int(case.split("-")[2])
     prepared = cache.block_mask(pattern, True, 1, 4, 512, block, "cpu")
+elif case.startswith("hf"):  # hf-<attn_implementation>-training: a padded batch through a Llama
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from dilcompile.integrations.transformers import register
+    register()
+    config = LlamaConfig(vocab_size=61, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [64, 128, 256], [1, 2, 4]
+    config.dilcompile_pattern, config.dilcompile_block_size = "local_window(window=64)", 64
+    prepared = AutoModelForCausalLM.from_config(config, attn_implementation=case.split("-")[1], dtype=bf16)
 elif case.startswith("decoder"):
     from dilcompile.models import LongNetConfig, LongNetDecoder
     prepared = LongNetDecoder(LongNetConfig(vocab_size=97, max_seq_len=256, embed_dim=128, num_heads=4,
@@ -78,6 +87,11 @@ try:
             model = to_fake_cuda(prepared.requires_grad_(False))
             idx = cuda(2, 256, dtype=torch.long)
             report(compile_for_sm90(lambda idx: model(idx, idx)[1], idx))
+        elif case.startswith("hf"):  # no KV cache: its empty placeholders are real CUDA tensors
+            model = to_fake_cuda(prepared.train().requires_grad_(False)).requires_grad_(True)
+            ids, mask = cuda(2, 256, dtype=torch.long), cuda(2, 256, dtype=torch.long)
+            loss = lambda ids, mask: model(ids, attention_mask=mask, labels=ids, use_cache=False).loss
+            report(compile_for_sm90(loss, ids, mask, backward=True))
         elif case == "decoder-training":
             model = to_fake_cuda(prepared.requires_grad_(False)).requires_grad_(True)
             idx = cuda(2, 256, dtype=torch.long)
@@ -154,3 +168,10 @@ def test_longnet_decoder_training_step_compiles_for_sm90(fake_cuda_runtime):
     names = [name for name, _, _ in _compile("decoder-training", fake_cuda_runtime)]
     assert any("embedding_dense_backward" in name for name in names), names  # the graph's far end
     assert any("layer_norm_backward" in name for name in names), names
+
+
+@pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
+def test_hugging_face_llama_padded_training_step_compiles_for_sm90(attention, fake_cuda_runtime):
+    # a transformers Llama switched to our attention, a padding mask, loss and backward
+    names = [name for name, _, _ in _compile(f"hf-{attention}-training", fake_cuda_runtime)]
+    assert any("backward" in name for name in names), names
