@@ -3,6 +3,8 @@ lse and gradients (through out and lse), causal or not, both modes, padding,
 awkward N, H not a multiple of r. On CPU the kernels run under
 TRITON_INTERPRET=1 (tests/conftest.py), which is slow: shapes stay tiny."""
 
+import random
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -33,10 +35,33 @@ def _run(q, k, v, segments, rates, causal, mode, impl, mask=None):
                              impl=impl, return_lse=True, key_padding_mask=mask)
 
 
+def _random_case(seed: int) -> tuple:
+    """(N, H, segments, rates, causal, mode, padded, B, D): up to four branches of
+    any length and rate 1–6 (rates beyond segments too), head dims that are not
+    powers of two, N from 1 to 200."""
+    rng = random.Random(seed)
+    m = rng.randint(1, 4)
+    segments, rates = tuple(sorted(rng.sample(range(1, 200), m))), tuple(rng.randint(1, 6) for _ in range(m))
+    mode = rng.choice(["longnet", "groups"])
+    heads = max(rng.randint(1, 6), m if mode == "groups" else 1)
+    return (rng.randint(1, 200), heads, segments, rates, rng.random() < 0.5, mode, rng.random() < 0.3,
+            rng.randint(1, 2), rng.choice([8, 24, 40, 72]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_triton_matches_reference_on_random_configurations(seed):
+    torch.manual_seed(seed)  # the mask and the incoming gradients
+    _check_float32_with_gradients(*_random_case(seed), seed=seed)
+
+
 @pytest.mark.parametrize("n, heads, segments, rates, causal, mode, padded", CASES)
 def test_triton_matches_reference_float32_with_gradients(n, heads, segments, rates, causal, mode, padded):
-    q, k, v = random_qkv(1, heads, n, 16, dtype=torch.float32, device=DEVICE, requires_grad=True)
-    mask = (torch.rand(1, n, device=DEVICE) < 0.3) if padded else None
+    _check_float32_with_gradients(n, heads, segments, rates, causal, mode, padded)
+
+
+def _check_float32_with_gradients(n, heads, segments, rates, causal, mode, padded, batch=1, head_dim=16, seed=None):
+    q, k, v = random_qkv(batch, heads, n, head_dim, dtype=torch.float32, device=DEVICE, requires_grad=True, seed=seed)
+    mask = (torch.rand(batch, n, device=DEVICE) < 0.3) if padded else None
     out, lse = _run(q, k, v, segments, rates, causal, mode, "triton", mask)
     ref, ref_lse = _run(q, k, v, segments, rates, causal, mode, "reference", mask)
     ref, ref_lse = ref.double(), ref_lse.double()
