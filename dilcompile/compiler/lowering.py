@@ -46,15 +46,17 @@ def _run(name, q, k, v, segment_lengths, dilation_rates, mode, causal, scale, ke
     return op(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
 
 
-def _time(fn, cuda: bool, repeats: int = 3) -> float:
+def _time(fn, device: torch.device, repeats: int = 3) -> float:
+    def wait():  # q's own device: the current one may be another GPU
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     fn()  # warm-up: Triton compiles here
-    if cuda:
-        torch.cuda.synchronize()
+    wait()
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
-    if cuda:
-        torch.cuda.synchronize()
+    wait()
     return (time.perf_counter() - start) / repeats
 
 
@@ -68,7 +70,7 @@ def dilated_fwd_tuned(
     key = (q.device.type, q.dtype, tuple(q.shape), tuple(segment_lengths), tuple(dilation_rates), mode, causal,
            key_padding_mask is not None)
     if key not in TUNED:
-        times = {name: _time(lambda name=name: _run(name, *args), q.device.type == "cuda") for name in _candidates(q)}
+        times = {name: _time(lambda name=name: _run(name, *args), q.device) for name in _candidates(q)}
         TUNED[key] = min(times, key=times.get)
     out, lse = _run(TUNED[key], *args)
     return out, lse
