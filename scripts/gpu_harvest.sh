@@ -98,7 +98,7 @@ run_part() {
     1) step "$dir" env DILCOMPILE_TEST_DEVICE=cuda DILCOMPILE_TEST_THREADS=8 "$PY" -m pytest -v -p no:cacheprovider \
          -o console_output_style=count --timeout=300 --junitxml="$dir/junit.xml" \
          tests/test_dilated.py tests/test_dilated_reference.py tests/test_dilated_compile.py tests/test_triton.py \
-         tests/test_block_sparse.py tests/test_multihead.py tests/test_multihead_block_sparse.py \
+         tests/test_block_sparse.py tests/test_multihead.py tests/test_multihead_block_sparse.py tests/test_varlen.py \
          tests/test_ring.py tests/test_ring_multihead.py tests/test_profile.py tests/test_telemetry.py \
          tests/test_compiler_lowering.py ;;
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
