@@ -63,6 +63,8 @@ def test_randomized_bad_generate_arguments_raise_naming_the_argument():
     (torch.zeros(3, dtype=torch.long), None, ValueError, "idx"),  # 1-D: pass a list, or idx[None]
     (torch.zeros(2, 3), None, TypeError, "idx"),
     (torch.zeros(2, 3, dtype=torch.bool), None, TypeError, "idx"),
+    (torch.zeros(2, 3, dtype=torch.uint8), None, TypeError, r"idx\.long\(\)"),  # nn.Embedding takes int64, int32
+    (torch.zeros(2, 3, dtype=torch.int16), None, TypeError, r"idx\.long\(\)"),
     ([[1, 2, 3]], None, TypeError, "idx"),
     ("abc", None, TypeError, "idx"),
     (torch.tensor([[1, VOCAB]]), None, ValueError, "idx holds token ids"),
@@ -100,12 +102,14 @@ def test_bad_start_pos_raises_naming_it(start_pos, error):
 
 def test_bad_forward_inputs_raise_naming_the_argument():
     model = _model()
-    bad = ((torch.zeros(1, 2), TypeError), (torch.zeros(2, dtype=torch.long), ValueError), ([[1]], TypeError))
+    bad = ((torch.zeros(1, 2), TypeError), (torch.zeros(2, dtype=torch.long), ValueError), ([[1]], TypeError),
+           (torch.zeros(1, 2, dtype=torch.int8), TypeError))
     for idx, error in bad:
         with pytest.raises(error, match="idx"):
             model(idx)
     with pytest.raises(TypeError, match="cache"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=object())
+    assert model(torch.zeros(1, 2, dtype=torch.int32))[0].shape == (1, 2, VOCAB)  # int32 ids index too
 
 
 def test_randomized_valid_generate_arguments_work_and_keep_their_meaning():

@@ -1,6 +1,8 @@
 """Hugging Face transformers integration on a tiny, randomly initialised
 Llama-style model built from a config (no downloads)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -21,7 +23,8 @@ def _config(**extra):
 
 def _model(impl, cfg, state=None):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=torch.float64).eval()
+    # a copy: from_config keeps the object and sets its attention, so a second model would switch the first
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float64).eval()
     if state is not None:
         model.load_state_dict(state)
     return model
@@ -47,6 +50,7 @@ def test_left_padding_equals_sdpa_on_real_tokens():
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[0, :5] = 0  # left padding
     want, got = sdpa(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert sdpa.config._attn_implementation == "sdpa"  # it compared ours with ours while they shared a config
     keep = mask.bool()
     torch.testing.assert_close(got[keep], want[keep], rtol=1e-9, atol=1e-9)
 

@@ -17,7 +17,7 @@ from ..checks import INT64_MAX, check_bool, check_int, check_positive_int
 from ..kv_cache import KVCache, keys_dtype
 from ..multihead import MultiheadDilatedAttention
 from ..varlen import _check_cu_tensor, check_padding_mask, packed_sequences
-from .sampling import check_prompt, check_sampling, crop_rows, last_real, left_pad, pick
+from .sampling import check_prompt, check_sampling, check_token_ids, crop_rows, last_real, left_pad, pick
 
 
 @dataclass(frozen=True)
@@ -150,9 +150,7 @@ class LongNetDecoder(nn.Module):
     def _check_inputs(self, idx, cache, start_pos, key_padding_mask, cu_seqlens) -> None:
         """forward's arguments, each error naming its argument, before any compute."""
         limit = self.config.max_seq_len
-        if not isinstance(idx, Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-            got = type(idx).__name__ if not isinstance(idx, Tensor) else f"a tensor of {idx.dtype}"
-            raise TypeError(f"idx must be an int tensor of token ids (B, N), got {got}")
+        check_token_ids(idx, "(B, N)")
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, N) token ids, got shape {tuple(idx.shape)}")
         if cache is not None and not isinstance(cache, KVCache):

@@ -28,13 +28,23 @@ def check_sampling(temperature, top_k, generator) -> tuple[float, int | None]:
     return float(temperature), top_k
 
 
+TOKEN_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding indexes with
+
+
+def check_token_ids(idx, shape: str, also: str = "") -> None:
+    """Raise TypeError unless ``idx`` is a tensor of int64 or int32 token ids."""
+    if not isinstance(idx, Tensor) or idx.dtype not in TOKEN_DTYPES:
+        got = type(idx).__name__ if not isinstance(idx, Tensor) else f"a tensor of {idx.dtype}"
+        fix = "; convert with idx.long()" if isinstance(idx, Tensor) and not (
+            idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool) else ""
+        raise TypeError(f"idx must be an int64 or int32 tensor of token ids {shape}{also}, got {got}{fix}")
+
+
 def check_prompt(idx, key_padding_mask, vocab_size: int) -> Tensor:
     """idx (B, N0) token ids, B, N0 ≥ 1, in [0, vocab_size) at the real
     tokens; key_padding_mask None or (B, N0) bool with a real token in every
     row. Returns the mask's real-token count of the longest row (N0 without a mask)."""
-    if not isinstance(idx, Tensor) or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
-        got = type(idx).__name__ if not isinstance(idx, Tensor) else f"a tensor of {idx.dtype}"
-        raise TypeError(f"idx must be an int tensor of token ids (B, N0) or a list of 1-D prompts, got {got}")
+    check_token_ids(idx, "(B, N0)", " or a list of 1-D prompts")
     if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, N0) token ids with B ≥ 1 and a prompt of N0 ≥ 1 tokens, got shape "
                          f"{tuple(idx.shape)}; start an unconditional sample from a BOS token")
