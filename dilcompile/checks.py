@@ -87,7 +87,9 @@ def check_scale(scale) -> float | None:
     number — not a bool, whose True would silently mean 1.0."""
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, Real) or not (math.isfinite(scale) and scale > 0):
+    # comparisons, not math.isfinite: Dynamo traces them on a float it keeps symbolic
+    # (a module attribute under dynamic=True); NaN fails both
+    if isinstance(scale, bool) or not isinstance(scale, Real) or not 0 < scale < math.inf:
         raise ValueError(f"scale must be a positive finite float or None (→ 1/sqrt(head_dim)), got {scale!r}")
     return float(scale)
 

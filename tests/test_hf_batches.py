@@ -178,6 +178,29 @@ def test_compiles_fullgraph_with_padding_mask_and_packing(impl):
     torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("impl, scaling", [("dilcompile_dilated", "usual"), ("dilcompile_block_sparse", 0.3)])
+def test_compiles_fullgraph_with_dynamic_shapes(impl, scaling):
+    """dynamic=True keeps the attention modules' float ``scaling`` symbolic, and torch.cond takes no float
+    operand (it failed to trace): the usual head_dim ** -0.5 is matched to a constant, another scale is
+    folded into q. Compiled equals eager over batch sizes, lengths, padding and packing."""
+    torch._dynamo.reset()
+    model = _llama(impl, use_cache=False)
+    if scaling != "usual":
+        for layer in model.model.layers:
+            layer.self_attn.scaling = scaling
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for seed, (batch, longest) in enumerate([(2, 11), (3, 17)]):
+        seqs = [_tokens(80 + seed * 10 + i, n) for i, n in enumerate([longest] + _lengths(seed, 2, batch, longest))]
+        ids, mask = _padded(seqs, "left")
+        torch.testing.assert_close(compiled(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits,
+                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=1e-10, atol=1e-10)
+    docs = [d[:6] for d in _documents(9)] + [_tokens(99, 2)]
+    ids, position_ids = torch.cat(docs)[None], torch.cat([torch.arange(len(d)) for d in docs])[None]
+    torch.testing.assert_close(compiled(ids, position_ids=position_ids).logits,
+                               model(ids, position_ids=position_ids).logits, rtol=1e-10, atol=1e-10)
+
+
 def test_inductor_with_padding_mask_errs_no_more_than_sdpa():
     """Inductor, fullgraph: Llama's rotary tables are float32 and inductor rounds them differently from
     eager (sdpa's logits move by ~4e-8 too); ours may move no more than 2 × sdpa's (+ float64 noise)."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_scale
 from . import hf_sequences
 from .hf_config import check_branches_of, configure, install_config_keys, pattern_of
 
@@ -137,27 +138,41 @@ def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, d
     return query, key, value, bool(getattr(module, "is_causal", True))
 
 
-def _attend(attention, module, query, key, value, attention_mask, dropout, kwargs) -> Tensor:
-    """Run ``attention(q, k, v, causal, **sequences)`` with the batch's
+def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
+    """(q, scale) with ``scale`` a constant that ``torch.cond``'s branches may
+    close over. Compiled with dynamic=True, Dynamo keeps a module's float
+    attribute (HF's ``scaling``) symbolic, and a cond takes no float operand:
+    the usual head_dim ** -0.5 is matched to the constant (exact); any other
+    scale is folded into q, one rounding of q in its dtype (compiled only)."""
+    scaling = check_scale(scaling)
+    if scaling is None or not torch.compiler.is_compiling():
+        return q, scaling
+    usual = q.shape[-1] ** -0.5  # the head dim comes from the weights' shapes: static
+    return (q, usual) if scaling == usual else (q * scaling, 1.0)
+
+
+def _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs) -> Tensor:
+    """Run ``attention(q, k, v, causal, scale, **sequences)`` with the batch's
     sequences described as the attention API takes them; → (B, Nq, H, D)."""
     q, k, v, causal = _inputs(module, query, key, value, attention_mask, dropout)
+    q, scale = _constant_scale(q, scaling)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     is_padding = attention_mask is not None and attention_mask.dtype == torch.bool
     if cu_q is not None or cu_k is not None:  # packed rows, boundaries given (DataCollatorWithFlattening)
         if is_padding:
             raise ValueError("cu_seq_lens_q / cu_seq_lens_k describe packed rows; pass them without an "
                              "attention_mask (packed rows have no padding)")
-        out = attention(q, k, v, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        out = attention(q, k, v, causal, scale, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
         return out.transpose(1, 2).contiguous()
 
     def plain(q, k, v):
-        return attention(q, k, v, causal)
+        return attention(q, k, v, causal, scale)
 
     if is_padding:
         pads = ~attention_mask  # (B, Nk), True = pad
 
         def padded(q, k, v, pads):
-            return attention(q, k, v, causal, key_padding_mask=pads)
+            return attention(q, k, v, causal, scale, key_padding_mask=pads)
 
         out = _plain_unless(pads.any(), padded, plain, q, k, v, pads)
     else:
@@ -168,7 +183,7 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, kwarg
 
         def packed(q, k, v, ids):
             flat = [hf_sequences.flatten(t) for t in (q, k, v)]
-            out = attention(*flat, causal, cu_seqlens=hf_sequences.cu_seqlens_of(ids))
+            out = attention(*flat, causal, scale, cu_seqlens=hf_sequences.cu_seqlens_of(ids))
             return hf_sequences.unflatten(out, q.shape[0])
 
         out = plain(q, k, v) if ids is None else _plain_unless((ids[:, -1] != 0).any(), packed, plain, q, k, v, ids)
@@ -201,11 +216,11 @@ def dilated_forward(module, query, key, value, attention_mask, dropout: float = 
 
     segments, rates, mode = check_branches_of(module.config)
 
-    def attention(q, k, v, causal, **sequences):
+    def attention(q, k, v, causal, scale, **sequences):
         return dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode,
-                                 scale=scaling, **sequences)
+                                 scale=scale, **sequences)
 
-    return _attend(attention, module, query, key, value, attention_mask, dropout, kwargs), None
+    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
 
 
 def block_sparse_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -214,11 +229,11 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
 
     pattern, block_size = pattern_of(module.config)
 
-    def attention(q, k, v, causal, **sequences):
-        return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scaling, block_size=block_size,
+    def attention(q, k, v, causal, scale, **sequences):
+        return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scale, block_size=block_size,
                                       **sequences)
 
-    return _attend(attention, module, query, key, value, attention_mask, dropout, kwargs), None
+    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
 
 
 def register() -> None:
