@@ -135,3 +135,20 @@ def test_dropout_and_static_cache_are_refused():
     with pytest.raises(ValueError, match="DynamicCache"):
         model.generate(torch.randint(0, 61, (1, 5)), max_new_tokens=2, do_sample=False, pad_token_id=0,
                        cache_implementation="static")
+
+
+@pytest.mark.parametrize("arch", ["bloom", "codegen"])
+def test_models_with_their_own_attention_code_are_refused(arch):
+    """BLOOM and CodeGen never call transformers' AttentionInterface: they ran silently non-causal with our
+    name (they got our padding mask instead of the causal one). Refused, naming the model."""
+    import transformers as tf
+
+    config = {"bloom": lambda: tf.BloomConfig(vocab_size=61, hidden_size=32, n_layer=1, n_head=4),
+              "codegen": lambda: tf.CodeGenConfig(vocab_size=61, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
+                                                  n_positions=64, n_ctx=64)}[arch]()
+    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [64], [1]
+    with pytest.raises(ValueError, match="runs its own attention code"):
+        AutoModelForCausalLM.from_config(config, attn_implementation="dilcompile_dilated")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model.set_attn_implementation("dilcompile_block_sparse")  # transformers warns and keeps eager: correct
+    assert model.config._attn_implementation == "eager"

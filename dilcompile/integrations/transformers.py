@@ -236,6 +236,30 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
     return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
 
 
+def _refuse_models_without_the_interface() -> None:
+    """Models that run their own attention code (BLOOM, CodeGen, GPT-J, Falcon,
+    …: ``_supports_attention_backend`` False) never call ours, yet transformers
+    takes any registered name for them — and they then got our mask, not the
+    causal one, and ran silently non-causal. Such a model asking for ours is
+    refused when it is built or switched (idempotent)."""
+    from transformers import PreTrainedModel
+
+    chosen = PreTrainedModel.get_correct_attn_implementation
+    if getattr(chosen, "_dilcompile", False):
+        return
+
+    def get_correct_attn_implementation(self, requested_attention=None, is_init_check=False):
+        if requested_attention in NAMES and not getattr(type(self), "_supports_attention_backend", False):
+            raise ValueError(f"{type(self).__name__} runs its own attention code rather than transformers' "
+                             f"AttentionInterface, so attn_implementation={requested_attention!r} cannot reach it; "
+                             "use a model whose attention dispatches through the interface (Llama, Qwen, Mistral, "
+                             "GPT-2, OPT, BERT, …)")
+        return chosen(self, requested_attention, is_init_check)
+
+    get_correct_attn_implementation._dilcompile = True
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
 def register() -> None:
     """Register ``"dilcompile_dilated"`` and ``"dilcompile_block_sparse"`` with
     transformers' attention and mask interfaces, and make the ``dilcompile_*``
@@ -247,6 +271,7 @@ def register() -> None:
         raise ImportError("dilcompile.integrations.transformers needs transformers: "
                           "pip install 'dilcompile[hf]'") from exc
     install_config_keys()
+    _refuse_models_without_the_interface()
     for name, forward in zip(NAMES, (dilated_forward, block_sparse_forward)):
         AttentionInterface.register(name, forward)
         AttentionMaskInterface.register(name, _padding_mask)
