@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.cli._util import render, store_path  # noqa: E402
 from dilcompile.patterns import from_spec  # noqa: E402
 from dilcompile.profile import from_dict, run_sweep  # noqa: E402
 from dilcompile.profile.env import resolve_device  # noqa: E402
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
                    help="whole sweeps (each with its own dense baseline); the tables give medians over them")
     p.add_argument("--max-time", type=float, default=20.0, help="seconds of timed work per point, at most")
     p.add_argument("--mask-n", type=int, default=1 << 20, help="N of the mask-build measurement (0: skip)")
-    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--db", default=DEFAULT_DB, type=store_path)
     args = p.parse_args(argv)
 
     if args.rounds < 1:

@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dilcompile import dilated_attention  # noqa: E402
-from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.cli._util import render, store_path  # noqa: E402
 from dilcompile.dilated.geometry import plan_parts  # noqa: E402
 from dilcompile.dilated.impl.decode import pieces  # noqa: E402
 from dilcompile.profile import env as _env  # noqa: E402
 from dilcompile.profile.measure import percentile  # noqa: E402
 from dilcompile.profile.runner import utc_now  # noqa: E402
-from dilcompile.store import DEFAULT_DB, RunWriter  # noqa: E402
+from dilcompile.store import DEFAULT_DB, RunWriter, StoreError  # noqa: E402
 
 LONGNET = dict(segments=(2048, 4096, 8192, 16384, 32768), rates=(1, 2, 4, 6, 12))
 FULL = dict(sizes=[4096, 65536, 262144, 1 << 20], recompute_n=65536, rounds=15, recompute_rounds=3)
@@ -62,9 +62,19 @@ def _time_ms(fn) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few rounds (a smoke run)")
-    ap.add_argument("--db", default=str(DEFAULT_DB))
+    ap.add_argument("--db", default=DEFAULT_DB, type=store_path)
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
+    device = torch.device("cpu")
+    sweep_id = uuid.uuid4().hex
+    now = utc_now()
+    try:  # the store is checked (and a bad one refused) before anything is measured
+        writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
+                                     "sweep_name": "bench_decode", "tag": None, "spec": json.dumps(cfg | LONGNET),
+                                     **_env.capture(device)})
+    except StoreError as exc:
+        print(f"bench_decode: error: {exc}", file=sys.stderr)
+        return 1
     kw = dict(segment_lengths=LONGNET["segments"], dilation_rates=LONGNET["rates"], causal=True)
     sizes = cfg["sizes"]
     gen = torch.Generator().manual_seed(0)
@@ -105,12 +115,6 @@ def main(argv=None) -> int:
             decode_at_r.append(_time_ms(lambda: step[False](n_r)))
     recompiles = frames["n"] - 1
 
-    device = torch.device("cpu")
-    sweep_id = uuid.uuid4().hex
-    now = utc_now()
-    writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
-                                 "sweep_name": "bench_decode", "tag": None, "spec": json.dumps(cfg | LONGNET),
-                                 **_env.capture(device)})
     base = {"sweep_id": sweep_id, "started_at": now, "impl": "auto", "mode": "longnet", "pass": "decode",
             "device": _env.device_name(device), "device_kind": "cpu", "dtype": "float32", "batch": 1,
             "heads": HEADS, "head_dim": HEAD_DIM, "causal": True, "status": "ok",
@@ -126,21 +130,27 @@ def main(argv=None) -> int:
         return r
 
     table = []
-    base_ms = {c: statistics.median(times[(c, sizes[0])]) for c in (False, True)}
-    for n in sizes:
-        keys = attended_keys(n)
-        flops = 4 * HEAD_DIM * keys
-        eager = row("dilated-decode", n, False, times[(False, n)], flops)
-        comp = row("dilated-decode", n, True, times[(True, n)], flops, compile_s=compile_s, recompiles=recompiles)
-        table.append([n, keys, eager["latency_ms"], comp["latency_ms"],
-                      eager["latency_ms"] / base_ms[False], comp["latency_ms"] / base_ms[True], None])
-    rec = row("dilated-recompute", n_r, False, recompute, 4 * HEAD_DIM * attended_keys(n_r) * n_r)
-    speedup = rec["latency_ms"] / statistics.median(decode_at_r)
-    table.append([n_r, None, statistics.median(decode_at_r), None, None, None, rec["latency_ms"]])
-    writer.close()
-
     names = ["Nk", "keys attended", "decode eager ms", "decode compiled ms", "eager ÷ first Nk",
              "compiled ÷ first Nk", "recompute ms"]
+    base_ms = {c: statistics.median(times[(c, sizes[0])]) for c in (False, True)}
+    try:
+        for n in sizes:
+            keys = attended_keys(n)
+            flops = 4 * HEAD_DIM * keys
+            eager = row("dilated-decode", n, False, times[(False, n)], flops)
+            comp = row("dilated-decode", n, True, times[(True, n)], flops, compile_s=compile_s,
+                       recompiles=recompiles)
+            table.append([n, keys, eager["latency_ms"], comp["latency_ms"],
+                          eager["latency_ms"] / base_ms[False], comp["latency_ms"] / base_ms[True], None])
+        rec = row("dilated-recompute", n_r, False, recompute, 4 * HEAD_DIM * attended_keys(n_r) * n_r)
+        speedup = rec["latency_ms"] / statistics.median(decode_at_r)
+        table.append([n_r, None, statistics.median(decode_at_r), None, None, None, rec["latency_ms"]])
+        writer.close()
+    except StoreError as exc:  # the writer saved the rows the store refused; the error says where
+        print(render(names, table))
+        print(f"bench_decode: error: {exc}", file=sys.stderr)
+        return 1
+
     print(render(names, table))
     print(f"recompute ÷ decode at Nk={n_r}: {speedup:.0f}× (median of {len(recompute)} interleaved pairs); "
           f"compiled decode: {recompiles} recompile(s) over {len(sizes)} key lengths; medians of "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.cli._util import render, store_path  # noqa: E402
 from dilcompile.profile import from_dict, run_sweep  # noqa: E402
 from dilcompile.profile.env import resolve_device  # noqa: E402
 from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=int, default=10, help="timed calls per point, at most")
     p.add_argument("--max-time", type=float, default=3.0, help="seconds of timed work per point, at most")
-    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--db", default=DEFAULT_DB, type=store_path)
     p.add_argument("--preset", choices=list(PRESETS), default="full", help="sizes (--quick = --preset quick)")
     p.add_argument("--passes", nargs="+", default=["fwd"], choices=["fwd", "fwd_bwd"])
     p.add_argument("--impls", nargs="+", default=["sdpa"], choices=list(IMPL_VARIANTS))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.cli._util import render, store_path  # noqa: E402
 from dilcompile.profile import from_dict, run_sweep  # noqa: E402
 from dilcompile.profile.documents import LAYOUTS  # noqa: E402
 from dilcompile.profile.env import resolve_device  # noqa: E402
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--db", default=DEFAULT_DB, type=store_path)
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be ≥ 1")

@@ -49,6 +49,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from dilcompile.cli._util import store_path
 from dilcompile.dilated.geometry import plan_parts
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.plan import plan_exchange
@@ -174,7 +175,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="two small shard lengths, H=2, D=16: a smoke run")
-    p.add_argument("--db", default=DEFAULT_DB, help="run store to write (rank 0); default %(default)s")
+    p.add_argument("--db", default=DEFAULT_DB, type=store_path, help="run store to write (rank 0); default %(default)s")
     p.add_argument("--no-db", dest="db", action="store_const", const=None, help="write no store rows")
     p.add_argument("--tag", default=None)
     args = p.parse_args()
@@ -193,6 +194,7 @@ def main() -> None:
         device = torch.device("cpu")
     device_name = _env.device_name(device)
     writer = open_writer(args, world, backend, device)
+    store_error = None
     dtype = getattr(torch, args.dtype)
     b, h, d = args.batch, args.heads, args.head_dim
     rows = []
@@ -237,9 +239,12 @@ def main() -> None:
                 if writer is not None:  # committed as soon as measured
                     row = store_row(rows[-1], sweep_id=writer.sweep["sweep_id"], started=started, device=device,
                                     warmup=args.warmup, repeats=args.iters)
-                    if not writer.write(row):
-                        print(f"warning: {args.db} is locked by a reader; {len(writer.pending)} row(s) kept in "
-                              "memory, retrying after the next point", file=sys.stderr)
+                    try:
+                        if not writer.write(row):
+                            print(f"warning: {args.db} is locked by a reader; {len(writer.pending)} row(s) kept "
+                                  "in memory, retrying after the next point", file=sys.stderr)
+                    except StoreError as exc:  # rows rescued (the message says where); the ranks go on in step
+                        store_error, writer = exc, None
                     rows[-1]["run_id"] = row["run_id"]
     if rank == 0:
         head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
@@ -254,9 +259,15 @@ def main() -> None:
                       r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
         print(json.dumps(rows))
     if writer is not None:
-        writer.close()
-        print(f"{writer.written} rows written to {args.db}", file=sys.stderr)
+        try:
+            writer.close()
+            print(f"{writer.written} rows written to {args.db}", file=sys.stderr)
+        except StoreError as exc:
+            store_error = exc
     dist.destroy_process_group()
+    if store_error is not None:
+        print(f"bench_ring: error: {store_error}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,35 @@ def test_query_without_a_statement_is_a_usage_error(tmp_path, capsys, sql, says)
     assert says in _usage_error(capsys, ["query", sql, "--db", db])
 
 
+def test_query_with_two_statements_is_a_usage_error(tmp_path, capsys):
+    from dilcompile import store
+
+    db = str(tmp_path / "runs.duckdb")
+    store.connect(db).close()
+    assert "2 statements" in _usage_error(capsys, ["query", "SELECT 1; SELECT 2", "--db", db])  # printed only the last
+
+
+def test_query_reading_a_missing_file_does_not_call_the_store_damaged(tmp_path, capsys):
+    from dilcompile.cli import main
+    from dilcompile import store
+
+    db = str(tmp_path / "runs.duckdb")
+    store.connect(db).close()
+    assert main(["query", f"SELECT * FROM read_parquet('{tmp_path}/nope.parquet')", "--db", db]) == 1
+    err = capsys.readouterr().err
+    assert "nope.parquet" in err and "damaged" not in err and "mv " not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "0"), ("--timeout", "-5"), ("--timeout", "nan"),
+                                         ("--repeats", "0")])
+def test_maxlen_probe_settings_are_usage_errors(tmp_path, capsys, flag, value):
+    db = str(tmp_path / "runs.duckdb")  # --timeout 0 stored every probe as a timeout, nan was a traceback
+    err = _usage_error(capsys, ["maxlen", "--variant", "sdpa", "--start", "64", "--limit", "128", flag, value,
+                                "--db", db])
+    assert flag.lstrip("-") in err
+    assert not os.path.exists(db)
+
+
 @pytest.mark.parametrize("address", ["256.1.1.1", "no-such-host.invalid"])
 def test_dashboard_with_an_address_that_is_not_this_machines(capsys, address):
     err = _usage_error(capsys, ["dashboard", "--address", address, "--port", "8599"])

@@ -54,8 +54,13 @@ def test_migration_upgrades_in_place_and_keeps_rows(tmp_path, monkeypatch):
     monkeypatch.delitem(schema.MIGRATIONS, latest + 1)
     with pytest.raises(store.StoreError, match="newer"):
         store.connect(db, read_only=True)
-    with pytest.raises(RuntimeError, match="newer"):
+    with pytest.raises(store.StoreError, match="newer"):  # a RuntimeError: writers showed a traceback
         store.connect(db)
+    with contextlib.closing(duckdb.connect(str(db))) as con:
+        con.execute("UPDATE schema_meta SET value = 'two' WHERE key = 'version'")  # another program's table
+    for read_only in (True, False):
+        with pytest.raises(store.StoreError, match="another program"):
+            store.connect(db, read_only=read_only)
 
 
 def test_writer_query_export_import_roundtrip(tmp_path):
@@ -80,6 +85,38 @@ def test_writer_query_export_import_roundtrip(tmp_path):
         assert con.execute("SELECT count(*) FROM runs WHERE torch_version = '2.x'").fetchone() == (2,)
     with pytest.raises(store.StoreError, match="measurements.parquet"):
         store.import_parquet(other, [tmp_path])
+
+
+def test_a_folder_is_not_called_a_damaged_store(tmp_path):
+    for read_only in (True, False):  # "damaged … mv runs runs.damaged" for a --db runs before
+        with pytest.raises(store.StoreError, match="is a folder"):
+            store.connect(tmp_path, read_only=read_only)
+
+
+def test_import_reads_the_named_folder_only(tmp_path):
+    src = tmp_path / "src.duckdb"
+    w = store.RunWriter(src, {"sweep_id": "s1"})
+    for run_id in ("r1", "r2"):
+        w.write(_row(run_id))
+    w.close()
+    store.export_parquet(src, tmp_path / "a?", where="run_id = 'r1'")  # DuckDB globs "a?": it read "ab" too
+    store.export_parquet(src, tmp_path / "ab", where="run_id = 'r2'")
+    store.import_parquet(tmp_path / "new.duckdb", [tmp_path / "a?"])
+    assert store.query(tmp_path / "new.duckdb", "SELECT run_id FROM runs")[1] == [("r1",)]
+
+
+def test_rows_committed_before_an_interrupt_are_not_written_twice(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    w = store.RunWriter(db, {"sweep_id": "s1"})
+    w.write(_row("r1"), [{"t_s": 0.0}])
+    # a Ctrl-C between COMMIT and the queue's clearing left the row queued: the final flush
+    # inserted it again, and its duplicate key stopped the sweep with a spurious rescue
+    w.pending.append((_row("r1"), [{"t_s": 0.0}]))
+    w.write(_row("r2"))
+    w.close()
+    assert store.query(db, "SELECT run_id FROM runs ORDER BY run_id")[1] == [("r1",), ("r2",)]
+    assert store.query(db, "SELECT count(*) FROM telemetry")[1] == [(1,)]
+    assert not list(tmp_path.glob("*.rescue-*"))
 
 
 def test_unwritable_and_missing_paths_are_clear(tmp_path):
@@ -146,6 +183,26 @@ def test_reader_holding_the_file_delays_rows_but_loses_none(tmp_path):
     assert first == "pending"
     assert out.strip() == "written 1"
     assert store.query(db, "SELECT run_id FROM runs")[1] == [("c0",)]
+
+
+def test_a_reader_holding_the_file_past_the_sweep_gets_its_rows_rescued(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    store.connect(db).close()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, duckdb; c = duckdb.connect(sys.argv[1], "
+                               "read_only=True); print('held', flush=True); sys.stdin.readline()", str(db)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        w = store.RunWriter(db, {"sweep_id": "s1"}, timeout=0.1, final_timeout=0.3)
+        assert not w.write(_row("r1"))
+        with pytest.raises(store.StoreError, match="stayed locked.*saved in"):  # they were dropped
+            w.close()
+    finally:
+        holder.communicate("\n")
+    rescued = list(tmp_path.glob("runs.duckdb.rescue-s1"))
+    assert len(rescued) == 1
+    store.import_parquet(db, rescued)
+    assert store.query(db, "SELECT run_id FROM runs")[1] == [("r1",)]
 
 
 def test_telemetry_rows_with_different_readings_keep_them_all(tmp_path):

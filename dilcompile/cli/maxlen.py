@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import sys
 import uuid
 from dataclasses import replace
@@ -44,6 +45,10 @@ def run(args) -> int:
         if not (1 <= args.start <= args.limit <= MAX_SIZE["seq_len"]) or args.granularity < 1:
             raise ValueError(f"need 1 ≤ --start ≤ --limit ≤ 2**63-1 and --granularity ≥ 1, got {args.start}, "
                              f"{args.limit}, {args.granularity}")
+        if not 0 < args.timeout < math.inf:  # NaN fails too; 0 recorded every probe as a timeout
+            raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be ≥ 1, got {args.repeats}")
         device = resolve_device(args.device)
         doc = {"name": "maxlen", "grid": [grid_from_flags(args, [args.start])]}
         spec = from_dict(doc, str(device), tag=args.tag)
@@ -82,10 +87,19 @@ def run(args) -> int:
                             failures.get(first_fail, "")[:80]])
         writer.close()
     except KeyboardInterrupt:
+        try:
+            writer.close()
+        except StoreError as exc:
+            return fail(PROG, f"interrupted; {exc}", 130)
         print(f"interrupted: probes so far kept in {args.db}", file=sys.stderr)
-        writer.close()
         return 130
     except StoreError as exc:  # the store broke mid-search: the writer saved the probes it refused
+        if results:
+            print(_table(results))
         return fail(PROG, str(exc), RUNTIME_ERROR)
-    print(render(["variant", "dtype", "pass", "compiled", "max_seq_len", "first failure", "why"], results))
+    print(_table(results))
     return 0
+
+
+def _table(results: list[list]) -> str:
+    return render(["variant", "dtype", "pass", "compiled", "max_seq_len", "first failure", "why"], results)

@@ -70,6 +70,8 @@ def run(args) -> int:
     try:
         run_sweep(spec, args.db, progress=not args.no_progress, on_row=rows.append)
     except StoreError as exc:
+        if rows:  # measured, and saved where the error says
+            print(result_table(rows))
         return fail(PROG, str(exc), RUNTIME_ERROR)
     except KeyboardInterrupt:
         print(f"interrupted: {len(rows)} finished rows kept in {args.db}", file=sys.stderr)

@@ -30,6 +30,9 @@ def run(args) -> int:
     if not statements:
         return fail(PROG, "the SQL is empty (or only a comment); e.g. dilcompile query \"SELECT * FROM runs LIMIT 5\"",
                     USAGE_ERROR)
+    if len(statements) > 1:  # only the last result would print: refuse rather than drop the others
+        return fail(PROG, f"the SQL holds {len(statements)} statements; run one per call (or join them with UNION "
+                    "ALL)", USAGE_ERROR)
     try:
         names, rows = query(args.db, args.sql)
     except StoreError as exc:

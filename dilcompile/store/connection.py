@@ -62,6 +62,8 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
         raise StoreError("the store path is empty; pass --db with a file, e.g. --db runs/dilcompile.duckdb")
     if path != ":memory:":
         p = Path(path)
+        if p.is_dir():  # DuckDB reports it as an unreadable file, which read as a damaged store
+            raise StoreError(f"{path} is a folder; pass a file in it, e.g. --db {path.rstrip('/')}/dilcompile.duckdb")
         if read_only and not p.exists():
             raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
         if not read_only:
@@ -118,7 +120,7 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float):
             time.sleep(delay * (0.5 + random.random()))  # jitter: two waiters don't retry in lock-step
             delay = min(delay * 2, 0.5)
         except duckdb.Error as exc:
-            if is_damage(exc):
+            if is_damage(exc) and _about_the_store(exc, path):
                 raise damaged(path, exc) from exc
             raise
     try:
@@ -130,6 +132,11 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float):
     except duckdb.Error as exc:  # the header opened but the catalog or schema blocks do not read
         con.close()
         raise damaged(path, exc) from exc
+    except (RuntimeError, ValueError) as exc:  # a newer or foreign schema version: say so, without a traceback
+        con.close()
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(f"{path}: {exc}") from exc
     except BaseException:
         con.close()
         raise
@@ -143,6 +150,12 @@ def is_damage(exc: BaseException) -> bool:
         return not _is_lock_error(exc)
     # DuckDB raises its base class for a block checksum mismatch ("Corrupt database file").
     return isinstance(exc, duckdb.InternalException) or (type(exc) is duckdb.Error and "Corrupt" in str(exc))
+
+
+def _about_the_store(exc: BaseException, path) -> bool:
+    """Whether a query's I/O error concerns the store file: a query may read
+    other files (read_parquet, ATTACH), and their errors are the query's."""
+    return not isinstance(exc, _duckdb().IOException) or Path(path).name in str(exc)
 
 
 def check_readable(con, path) -> None:
@@ -173,6 +186,6 @@ def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0)
             names = [d[0] for d in cur.description] if cur.description else []
             return names, cur.fetchall()
         except duckdb.Error as exc:
-            if is_damage(exc):
+            if is_damage(exc) and _about_the_store(exc, path):
                 raise damaged(path, exc) from exc
             raise

@@ -45,7 +45,11 @@ def export_parquet(path: str | os.PathLike, out_dir: str | os.PathLike, where: s
 
 
 def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
+    """``path`` as a literal for read_parquet: quotes doubled, and DuckDB's
+    glob characters bracketed, so "runs/a?" reads that folder alone (it read
+    "runs/ab" too)."""
+    text = str(path).replace("[", "[[]").replace("*", "[*]").replace("?", "[?]")
+    return text.replace("'", "''")
 
 
 def _check_folder(con, in_dir: Path) -> dict[str, str]:

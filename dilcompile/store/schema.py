@@ -132,7 +132,13 @@ def file_version(con) -> int:
     if "schema_meta" not in tables:
         return 0
     row = con.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise ValueError(f"its schema_meta table holds version {row[0]!r}, which no dilcompile wrote: the file "
+                         "belongs to another program; pass --db with a dilcompile store") from None
 
 
 def migrate(con, target: int | None = None) -> int:

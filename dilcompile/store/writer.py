@@ -1,7 +1,7 @@
 """A sweep's writer: each measured row is committed at once, and never lost.
 
 A file another process holds keeps rows in memory until it lets go (see the
-package docstring). A file that turns out damaged when a row is written (DuckDB
+package docstring); still held when the sweep ends, its rows are rescued. A file that turns out damaged when a row is written (DuckDB
 reads blocks lazily, so a truncated or corrupt file can open fine), or a disk
 that fills up, has the sweep's rows saved in a *rescue* folder — beside the
 store, else in the temp dir, else printed on standard output as JSON lines —
@@ -94,7 +94,7 @@ class RunWriter:
             con.execute("BEGIN TRANSACTION")
             if not self._sweep_written:
                 con.execute("DELETE FROM sweeps WHERE sweep_id = ?", [self.sweep["sweep_id"]])
-            _insert_rows(con, None if self._sweep_written else self.sweep, self.pending)
+            _insert_rows(con, None if self._sweep_written else self.sweep, self._not_stored(con))
             con.execute("COMMIT")
         except BaseException as exc:
             with contextlib.suppress(duckdb.Error):
@@ -103,17 +103,28 @@ class RunWriter:
             if isinstance(exc, duckdb.Error):
                 raise self._rescue(damaged(self.path, exc) if is_damage(exc) else exc) from exc
             raise
-        con.close()
         self._sweep_written = True
         self.written += len(self.pending)
         self.pending.clear()
+        con.close()
         return True
 
+    def _not_stored(self, con) -> list[tuple[dict, list[dict]]]:
+        """The pending rows the store lacks. A Ctrl-C that lands after a COMMIT
+        but before the queue is cleared leaves stored rows pending; the final
+        flush must not insert them twice (a duplicate key stopped the sweep)."""
+        ids = [measurement["run_id"] for measurement, _ in self.pending]
+        marks = ", ".join("?" for _ in ids)
+        stored = {row[0] for row in con.execute(f"SELECT run_id FROM measurements WHERE run_id IN ({marks})",
+                                                ids).fetchall()}
+        return [(m, samples) for m, samples in self.pending if m["run_id"] not in stored]
+
     def close(self) -> None:
-        """Flush what is left, waiting up to ``final_timeout`` for a reader to let go."""
+        """Flush what is left, waiting up to ``final_timeout`` for a reader to let
+        go; rows it still holds back are rescued (module doc), never dropped."""
         if self.pending and not self.flush(self.final_timeout):
-            raise StoreLocked(f"{self.path} stayed locked for {self.final_timeout:.0f}s; "
-                              f"{len(self.pending)} measured rows could not be written")
+            raise self._rescue(StoreLocked(f"{self.path} stayed locked by another process for "
+                                           f"{self.final_timeout:.0f}s"))
 
     def rescue_dirs(self) -> list[Path]:
         """Where rescued rows may go, in order: beside the store, then the temp dir."""
