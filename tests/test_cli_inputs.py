@@ -64,6 +64,12 @@ def test_profile_inputs_are_usage_errors(tmp_path, capsys):
     ('max_time_s = inf\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "max_time_s"),
     ('grid = [1]\n', "table of keys"),
     ('[[grid]]\nvariant = "sdpa"\nseq_len = 99999999999999999\nheads = 3000000000\n', "heads"),
+    ('[[grid]]\nvariant = "dilated"\nseq_len = 64\nsegments = 32\nrates = 1\n', "segments must be a list"),
+    ('[[grid]]\nvariant = "dilated"\nseq_len = 64\nsegments = [32.5]\nrates = [1]\n', "segments must be a list"),
+    ('warmup = 1.7\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "warmup must be an int"),  # ran 1
+    ('repeats = 2.9\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "repeats must be an int"),
+    ('max_time_s = "x"\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "max_time_s must be a number"),
+    ('[[grid]]\nvariant = "block-sparse:local_window(window=256,window=3)"\nseq_len = 16\n', "given twice"),
 ])
 def test_sweep_file_values_are_usage_errors(tmp_path, capsys, body, expected):
     import torch

@@ -54,6 +54,10 @@ def _call(node: ast.Call, numbers: list | None) -> Pattern:
         name = ast.unparse(node.func)
         raise ValueError(f"unknown pattern {name!r} in spec; known patterns: {', '.join(PATTERN_NAMES)}")
     args = [_value(a, numbers) for a in node.args]
+    names = [kw.arg for kw in node.keywords]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # ast reads f(w=1, w=2), which Python itself refuses; the stored name would be ambiguous
+        raise ValueError(f"pattern spec {ast.unparse(node)!r}: keyword {', '.join(repeated)} given twice")
     kwargs = {kw.arg: _value(kw.value, numbers) for kw in node.keywords}
     try:
         return PATTERNS[node.func.id](*args, **kwargs)

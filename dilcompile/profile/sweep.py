@@ -43,6 +43,7 @@ from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checks import check_int
 from .env import resolve_device
 from .point import Point
 from .variants import check_point, resolve
@@ -73,10 +74,24 @@ class SweepSpec:
 
 def _choices(key: str, value) -> list:
     if key in ("segments", "rates"):
-        if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        if isinstance(value, list) and value and all(isinstance(v, (list, tuple)) for v in value):
             return value
         return [value]
     return value if isinstance(value, list) else [value]
+
+
+def _whole_numbers(key: str, value) -> tuple[int, ...]:
+    """One segments or rates list: a 32 or a 32.5 was an internal error or silently truncated."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"{key} must be a list of whole numbers such as [2048, 4096] (or a list of such lists), "
+                        f"got {value!r}")
+    return tuple(value)
+
+
+def _seconds(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} must be a number of seconds, got {value!r}")
+    return float(value)
 
 
 def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
@@ -95,7 +110,7 @@ def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
     if len(segs) != len(rates):
         raise ValueError(f"segments has {len(segs)} choices but rates has {len(rates)}; give one rates list per "
                          "segments list")
-    merged["branches"] = [(tuple(s), tuple(r)) for s, r in zip(segs, rates)]
+    merged["branches"] = [(_whole_numbers("segments", s), _whole_numbers("rates", r)) for s, r in zip(segs, rates)]
     keys = list(merged)
     grids = [merged[k] if k == "branches" else _choices(k, merged[k]) for k in keys]
     points = []
@@ -129,8 +144,11 @@ def from_dict(doc: dict, device: str, name: str = "adhoc", tag: str | None = Non
         for p in expand(entry, doc.get("defaults", {}), device):
             if p not in points:
                 points.append(p)
-    return SweepSpec(name=doc.get("name", name), points=tuple(points), warmup=int(doc.get("warmup", 2)),
-                     repeats=int(doc.get("repeats", 20)), max_time_s=float(doc.get("max_time_s", 2.0)),
+    # checked, not cast: int(1.7) ran 1 warm-up call and float("x") named no key
+    return SweepSpec(name=doc.get("name", name), points=tuple(points),
+                     warmup=check_int("warmup", doc.get("warmup", 2)),
+                     repeats=check_int("repeats", doc.get("repeats", 20), minimum=1),
+                     max_time_s=_seconds("max_time_s", doc.get("max_time_s", 2.0)),
                      tag=tag if tag is not None else doc.get("tag"), source=doc)
 
 
