@@ -93,6 +93,16 @@ def test_a_folder_is_not_called_a_damaged_store(tmp_path):
             store.connect(tmp_path, read_only=read_only)
 
 
+def test_a_failed_export_leaves_no_folder(tmp_path):
+    src = tmp_path / "src.duckdb"
+    store.connect(src).close()
+    with pytest.raises(duckdb.Error):
+        store.export_parquet(src, tmp_path / "out", where="no_such_column = 1")
+    with pytest.raises(store.StoreError):
+        store.export_parquet(tmp_path / "missing.duckdb", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_import_reads_the_named_folder_only(tmp_path):
     src = tmp_path / "src.duckdb"
     w = store.RunWriter(src, {"sweep_id": "s1"})

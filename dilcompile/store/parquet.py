@@ -27,7 +27,6 @@ def export_parquet(path: str | os.PathLike, out_dir: str | os.PathLike, where: s
     export (their sweeps and telemetry come along). Returns row counts.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     selected = f"SELECT run_id FROM runs WHERE {where}" if where else "SELECT run_id FROM runs"
     counts = {}
     with contextlib.closing(connect(path, read_only=True)) as con:
@@ -36,11 +35,13 @@ def export_parquet(path: str | os.PathLike, out_dir: str | os.PathLike, where: s
             "telemetry": f"run_id IN ({selected})",
             "sweeps": f"sweep_id IN (SELECT sweep_id FROM runs WHERE run_id IN ({selected}))",
         }
+        for table in TABLES:  # counted first: a bad --where fails before the folder exists
+            counts[table] = con.execute(f"SELECT count(*) FROM {table} WHERE {filters[table]}").fetchone()[0]
+        out.mkdir(parents=True, exist_ok=True)
         for table in TABLES:
             target = str(out / f"{table}.parquet").replace("'", "''")
-            sql = f"SELECT * FROM {table} WHERE {filters[table]}"
-            counts[table] = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
-            con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
+            con.execute(f"COPY (SELECT * FROM {table} WHERE {filters[table]}) TO '{target}' "
+                        "(FORMAT parquet, COMPRESSION zstd)")
     return counts
 
 
