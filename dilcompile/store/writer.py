@@ -1,9 +1,10 @@
 """A sweep's writer: each measured row is committed at once, and never lost.
 
 A file another process holds keeps rows in memory until it lets go (see the
-package docstring); still held when the sweep ends, its rows are rescued. A file that turns out damaged when a row is written (DuckDB
-reads blocks lazily, so a truncated or corrupt file can open fine), or a disk
-that fills up, has the sweep's rows saved in a *rescue* folder — beside the
+package docstring); still held when the sweep ends, it gets them rescued. A
+file that turns out damaged when a row is written (DuckDB reads blocks
+lazily, so a truncated or corrupt file can open fine), or a disk that fills
+up, has the sweep's rows saved in a *rescue* folder — beside the
 store, else in the temp dir, else printed on standard output as JSON lines —
 in the export layout that ``dilcompile runs import`` reads, and stops the
 sweep with :class:`StoreError` (:class:`StoreDamaged`) naming both.

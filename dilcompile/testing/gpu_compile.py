@@ -72,8 +72,8 @@ def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
     else with the heaviest (causal, key mask) under both typings."""
     pairs = [(c, k) for c in (False, True) for k in (False, True)] if flags else [(True, True)]
     return [Config(kernel, dtype, d, tile, arch, causal, keep, typing)
-            for arch in archs for kernel in KERNELS for dtype in DTYPES for d in HEAD_DIMS for tile in tiles_for(d, dtype)
-            for causal, keep in pairs for typing in ("eager", "inductor")]
+            for arch in archs for kernel in KERNELS for dtype in DTYPES for d in HEAD_DIMS
+            for tile in tiles_for(d, dtype) for causal, keep in pairs for typing in ("eager", "inductor")]
 
 
 def compile_kernel(config: Config):
