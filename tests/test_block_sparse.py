@@ -262,6 +262,18 @@ def test_flex_serves_many_lengths_with_few_graphs():
     assert counters["stats"]["unique_graphs"] - before <= 4
 
 
+def test_flex_patterns_of_one_kind_with_other_numbers_each_compile():
+    """A pattern's numbers that changed between calls turned symbolic in the shared compiled function, and
+    Inductor could not compile the mask (random_blocks' density and tile, hierarchical's levels)."""
+    q, k, v = random_qkv(1, 2, 64, 16, dtype=torch.float32, seed=3)
+    for pattern in (random_blocks(0.5, 32, 1), random_blocks(0.25, 32, 1), random_blocks(0.5, 16, 1),
+                    hierarchical(((1, 4), (4, 2))), hierarchical(((1, 3), (8, 2)))):
+        with torch.no_grad():
+            got = block_sparse_attention(q, k, v, pattern, impl="flex", block_size=16)
+        torch.testing.assert_close(got.double(), _sdpa_masked(q.double(), k.double(), v.double(), pattern, False),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_flex_cpu_counts_full_blocks_once():
     """A pattern with full blocks (band interior) and partial ones (edges, the
     global rows): FlexAttention gets full blocks only in its full lists."""

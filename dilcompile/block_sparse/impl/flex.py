@@ -2,8 +2,8 @@
 ``mask_mod`` handed to ``torch.nn.attention.flex_attention``.
 
 GPU (torch 2.11–2.13): training and inference; the kernel is compiled per
-mask structure (``torch.compile(flex_attention)``, cached here): for a
-structure's first length, then once more for every length (automatic
+mask (``torch.compile(flex_attention)``, one function per pattern, cached
+here): for its first length, then once more for every length (automatic
 dynamic shapes), plus a mask of one block and one of one token — about four
 graphs, however many lengths a packed batch or a server brings.
 CPU (torch 2.13): inference only and compiled only — FlexAttention on CPU has
@@ -14,22 +14,40 @@ is needed. A row with no allowed key outputs 0.
 from __future__ import annotations
 
 import functools
+import types
+import zlib
 
 import torch
 from torch import Tensor
 
 
-# Dynamo's graph budget per function is process-wide (8 by default) and every
-# mask structure takes about four graphs of flex_attention: raised for our
-# calls only, so sixteen structures fit before Dynamo refuses a new one.
+# Graphs of one mask's function: a first length, dynamic lengths, one block,
+# one token — about four; Dynamo's default budget of 8 leaves little room.
 RECOMPILE_LIMIT = 64
 
 
-@functools.cache
-def _compiled_flex():
+def _flex_call(q, k, v, block_mask, scale, kernel_options):
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, fullgraph=True)
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=kernel_options)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_flex(mask: str):
+    """A compiled flex_attention for one mask (its pattern's repr: kind and
+    numbers), under a code object of its own. Dynamo keeps graphs and its
+    automatic-dynamic state per function: shared by all masks, a pattern's
+    numbers that differed between calls turned symbolic, and Inductor could
+    not compile the mask (random_blocks' density, hierarchical's levels)."""
+    name = f"flex_attention_{zlib.crc32(mask.encode()):08x}"
+    code = _flex_call.__code__.replace(co_name=name, co_qualname=name)
+    return torch.compile(types.FunctionType(code, _flex_call.__globals__, name), fullgraph=True)
+
+
+def _mask_key(block_mask) -> str:
+    mask_mod = block_mask.mask_mod
+    owner = getattr(mask_mod, "__self__", None)  # a pattern's bound mask_mod
+    return repr(owner) if owner is not None else f"{mask_mod.__module__}.{mask_mod.__qualname__}@{id(mask_mod)}"
 
 
 def kernel_options(block_mask, device: torch.device) -> dict | None:
@@ -54,4 +72,4 @@ def flex_forward(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> T
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     with torch._dynamo.config.patch(recompile_limit=limit):
-        return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+        return _compiled_flex(_mask_key(block_mask))(q, k, v, block_mask, scale, options)
