@@ -71,7 +71,14 @@ def line_labels(df: pd.DataFrame, facet: str | None = None) -> pd.Series:
     labels = df["series"].astype(str)
     for c in dims:
         labels = labels + " · " + df[c].map(_DIMS[c])
-    return labels
+    return labels.map(plain)
+
+
+def plain(text) -> str:
+    """Stored text as Plotly shows it literally: Plotly renders <a>, <b> and
+    <br> in legends and titles, and a stored name is never a link
+    (docs/dashboard.md)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device", log_y: bool = True) -> go.Figure:
@@ -84,10 +91,16 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
     if facet is not None and facet not in ("device", "dtype", "pass", "causal"):
         raise ValueError(f"facet must be device, dtype, pass, causal or None, got {facet!r}")
     title, _ = METRICS[metric]
-    data = df.dropna(subset=[metric]) if metric in df else df.iloc[0:0]
+    if metric in df:  # an imported store may hold NULL, inf or 1e308: no point or axis can show them
+        values = pd.to_numeric(df[metric], errors="coerce")
+        data = df[values.notna() & values.abs().lt(1e300) & df["seq_len"].notna()]
+    else:
+        data = df.iloc[0:0]
     if data.empty:
         return empty_figure(f"no runs with {title} in this selection")
     data = data.assign(line=line_labels(data, facet)).sort_values(["line", "seq_len"])
+    if facet:
+        data = data.assign(**{facet: data[facet].map(plain)})
     hover = [c for c in ("dtype", "pass", "causal", "batch", "heads", "head_dim", "config_label", "latency_p20_ms",
                          "latency_p80_ms", "status") if c in data]
     positive = bool((data[metric] > 0).all())
@@ -182,10 +195,12 @@ def telemetry_figure(samples: pd.DataFrame) -> go.Figure:
 def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
     """Candidate ÷ baseline latency per matched point (log y), coloured by flag, with
     the threshold band drawn."""
-    data = table.dropna(subset=["ratio"])
+    ratio = pd.to_numeric(table["ratio"], errors="coerce")
+    data = table[ratio.gt(0) & ratio.lt(math.inf)]  # a latency of 0 or inf has no place on a log axis
     if data.empty:
         return empty_figure("no point was measured in both selections")
     colors = {"slower": "#d62728", "faster": "#2ca02c", "noisy": "#ff7f0e", "same": "#7f7f7f"}
+    data = data.assign(series=data["series"].map(plain))
     fig = px.scatter(data, x="seq_len", y="ratio", color="flag", symbol="series", log_x=True, log_y=True,
                      color_discrete_map=colors, hover_data=["device", "dtype", "pass", "config_label",
                                                             "latency_ms_a", "latency_ms_b"],

@@ -86,7 +86,7 @@ def sweep_label(df: pd.DataFrame):
             return str(sweep_id)
         r = info.loc[sweep_id]
         tag = f" · {r['tag']}" if isinstance(r["tag"], str) and r["tag"] else ""
-        return f"{r['name']}{tag} · {pd.Timestamp(r['start']):%Y-%m-%d %H:%M} ({r['n']} runs)"
+        return f"{r['name']}{tag} · {when(r['start'])} ({r['n']} runs)"
 
     return fmt
 
@@ -109,3 +109,9 @@ def pick(container, label: str, ids: list, fmt, key: str, index: int = 0):
         shown[text] = i
     choice = container.selectbox(label, list(shown), index=min(index, max(len(shown) - 1, 0)), key=key)
     return shown.get(choice)
+
+
+def when(value) -> str:
+    """A time as "2026-11-25 07:10", or "time unknown" (an imported row may have NULL started_at)."""
+    stamp = pd.Timestamp(value) if value is not None else pd.NaT
+    return "time unknown" if pd.isna(stamp) else f"{stamp:%Y-%m-%d %H:%M}"

@@ -17,7 +17,7 @@ if src is not None:
     st.markdown(f"**Devices:** {', '.join(map(ui.md, s['devices'])) or '-'}  \n"
                 f"**dtypes:** {', '.join(map(ui.md, s['dtypes'])) or '-'}  \n"
                 f"**Variants:** {', '.join(map(ui.md, s['variants'])) or '-'}  \n"
-                f"**Measured:** {s['first']:%Y-%m-%d %H:%M} → {s['last']:%Y-%m-%d %H:%M} UTC")
+                f"**Measured:** {ui.when(s['first'])} → {ui.when(s['last'])} UTC")
 
     st.subheader("Leaderboard")
     passes = sorted(df["pass"].dropna().unique())

@@ -34,7 +34,7 @@ src = ui.header("Run", "One measured point: what ran, where, what it measured an
 if src is not None:
     df = ui.runs(src.snapshot).sort_values("started_at", ascending=False)
     label = ui.sweep_label(df)
-    sweeps = list(dict.fromkeys(df["sweep_id"]))
+    sweeps = list(dict.fromkeys(df["sweep_id"].dropna()))  # a NULL sweep_id (imported) named no sweep: "nan"
     c1, c2 = st.columns(2)
     sweep = ui.pick(c1, "sweep", sweeps, label, key="run_sweep")
     in_sweep = df[df["sweep_id"] == sweep]

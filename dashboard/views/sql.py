@@ -1,5 +1,7 @@
 """SQL: ad-hoc read-only DuckDB queries on a snapshot of the store."""
 
+import re
+
 import streamlit as st
 
 from dashboard import data, sqlrun, ui
@@ -25,8 +27,9 @@ if src is not None:
         except sqlrun.QueryRefused as exc:
             st.session_state["sql_result"], st.session_state["sql_error"] = None, str(exc)
     result, error = st.session_state.get("sql_result"), st.session_state.get("sql_error")
-    if error:
-        st.error(error)
+    if error:  # in a code fence: verbatim, line by line, and stored text in it is neither Markdown nor fetched
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", error)), default=0))
+        st.error(f"{fence}\n{error}\n{fence}")
     elif result is not None:
         frame = result.frame()
         note = f" (stopped at the row limit of {int(max_rows)})" if result.truncated else ""

@@ -143,6 +143,32 @@ def test_compare_runs_flags_are_noise_aware():
     assert {t.name.split(",")[0] for t in fig.data} == {"slower", "faster", "noisy", "same"}
 
 
+def test_imported_oddities_draw_instead_of_raising():
+    """Values an imported store can carry (found by an outside probe): each raised on its page."""
+    rows = [_point(1.0, 0.9, 1.1, n, tokens_per_s=float(n)) for n in (64, 128, 256, 512)]
+    rows[0]["tokens_per_s"], rows[1]["tokens_per_s"] = float("inf"), 1.7e308  # log ticks overflowed
+    rows.append(_point(1.0, 0.9, 1.1, None))  # a NULL seq_len: int(NA)
+    points = analysis.prepare(pd.DataFrame(rows))
+    fig = figures.metric_vs_seq_len(points, "tokens_per_s")
+    assert [[float(y) for y in t.y] for t in fig.data] == [[256.0, 512.0]]
+    a = analysis.prepare(pd.DataFrame([_point(1.0, 0.9, 1.1, 1), _point(1.0, 0.9, 1.1, 2)]))
+    b = analysis.prepare(pd.DataFrame([_point(0.0, 0.0, 0.0, 1), _point(1.5, 1.4, 1.6, 2)]))  # ratio 0: log10(0)
+    fig = figures.regression_figure(analysis.compare_runs(a, b, 1.1), 1.1)
+    assert [float(y) for t in fig.data for y in t.y] == [1.5]
+    from dashboard import ui
+
+    assert ui.when(pd.NaT) == "time unknown" and ui.when(pd.Timestamp("2026-01-02 03:04")) == "2026-01-02 03:04"
+
+
+def test_stored_names_are_shown_literally_in_figures():
+    link = '<a href="http://evil.example/x">sdpa</a>'  # Plotly drew it as a link, its URL hidden
+    points = analysis.prepare(pd.DataFrame([_point(1.0, 0.9, 1.1, n, variant=link, device="<b>gpu</b>")
+                                            for n in (64, 128)]))
+    fig = figures.metric_vs_seq_len(points, "latency_ms", facet="device")
+    assert all("<" not in t.name for t in fig.data) and "&lt;a href" in fig.data[0].name
+    assert all("<b>" not in a.text for a in fig.layout.annotations)
+
+
 def test_snapshot_is_private_and_follows_the_store(sweep_db, snapshot, tmp_path):
     assert data.snapshot_store(sweep_db)[0] == snapshot  # unchanged file: same snapshot
     with contextlib.closing(duckdb.connect(snapshot, read_only=True)) as con:
