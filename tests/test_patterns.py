@@ -379,3 +379,13 @@ def test_attended_keys_closed_form_equals_any_query_of_mask_mod(pattern):
     want = (bound.mask_mod(torch.zeros(()), h[:, :, None], q, kv[:, None]) & inside).any(1)
     assert got is not None and torch.equal(got, want)
     assert union(local_window(3), bound).attended_keys(h, q_lo, q_hi, kv) is None
+
+
+def test_hilbert_reference_refuses_the_wrong_length_as_gather_does():
+    from dilcompile import block_sparse_attention
+    from dilcompile.patterns import hilbert
+
+    q = torch.randn(1, 2, 16, 8)
+    for impl in ("gather", "reference"):  # reference answered for N=16 with a 3×3 grid's curve, clamped
+        with pytest.raises(ValueError, match="hilbert pattern is for N"):
+            block_sparse_attention(q, q, q, hilbert(3, 3, 1), impl=impl)

@@ -109,6 +109,10 @@ class hilbert(Pattern):  # noqa: N801
         qi, ki = q_idx.clamp(max=last), kv_idx.clamp(max=last)
         return ((ys[qi] - ys[ki]).abs() <= self.radius) & ((xs[qi] - xs[ki]).abs() <= self.radius)
 
+    def dense_mask(self, num_heads: int, n: int, device=None):
+        self._check_n(n)  # impl="reference" answered for any N (mask_mod clamps): refused as gather refuses
+        return super().dense_mask(num_heads, n, device)
+
     def raster_mask_mod(self, b, h, q_idx, kv_idx):
         """The same neighbourhood in raster (row-major) order."""
         w = self.width
