@@ -118,11 +118,12 @@ def dilated_forward_triton(
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, out, lse, keep, offsets[i], heads, n, dim, w, r, float(scale), **flags,
-            **_launch("fwd", tile, dim, q.dtype, _arch(q)))
+            **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
 
