@@ -140,6 +140,13 @@ def store_row(row: dict, *, sweep_id: str, started, device: torch.device, warmup
                                    "world_size", "comm_bytes", "status")}}
 
 
+def leave() -> None:
+    """Tear the group down on every rank together: a gloo rank that destroys its group while a
+    peer is still busy (rank 0 closing the store) can abort in C++ ("terminate called")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def open_writer(args, world: int, backend: str, device: torch.device) -> RunWriter | None:
     """Rank 0's store writer (None with --no-db); every rank learns whether it opened,
     so a bad --db stops all ranks before any measuring instead of leaving them waiting."""
@@ -157,7 +164,7 @@ def open_writer(args, world: int, backend: str, device: torch.device) -> RunWrit
     if box[0] is not None:
         if dist.get_rank() == 0:
             print(f"error: {box[0]}", file=sys.stderr)
-        dist.destroy_process_group()
+        leave()
         raise SystemExit(2)
     return writer
 
@@ -264,7 +271,7 @@ def main() -> None:
             print(f"{writer.written} rows written to {args.db}", file=sys.stderr)
         except StoreError as exc:
             store_error = exc
-    dist.destroy_process_group()
+    leave()
     if store_error is not None:
         print(f"bench_ring: error: {store_error}", file=sys.stderr)
         raise SystemExit(1)

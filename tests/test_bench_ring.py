@@ -25,13 +25,20 @@ def _bench_module():
     return mod
 
 
-def test_bench_ring_quick_writes_runs(tmp_path):
-    db = tmp_path / "runs.duckdb"
+def _run(db: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
                            str(ROOT / "scripts" / "bench_ring.py"), "--quick", "--db", str(db)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_bench_ring_quick_writes_runs(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    proc = _run(db)
+    # Both ranks exit cleanly: the ranks leave the group together (no "terminate called" abort on
+    # rank 1 while rank 0 is still closing the store).
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr
     printed = {r["run_id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert len(printed) == 16  # 2 shard lengths x 2 configs x 2 transports x 2 passes
 
@@ -54,3 +61,16 @@ def test_bench_ring_quick_writes_runs(tmp_path):
         assert r["comm_bytes"] == (fwd if r["pass"] == "fwd" else step) == printed[r["run_id"]]["comm_bytes"]
         assert config["held_kv_bytes"] == printed[r["run_id"]]["held_kv_bytes"]
         assert config["comm_bytes_fwd_by_branch"] == printed[r["run_id"]]["comm_bytes_fwd_by_branch"]
+
+
+def test_bench_ring_damaged_store_stops_every_rank_before_measuring(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    db.write_text("not a database")
+    proc = _run(db)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "damaged" in errors[0] and str(db) in errors[0], proc.stderr[-3000:]
+    assert "exitcode  : 2" in proc.stderr and "SIGABRT" not in proc.stderr  # both ranks: usage exit, no abort
+    assert 'bench_ring.py", line' not in proc.stderr  # no traceback from the script itself
+    assert not proc.stdout.strip()  # nothing measured
+    assert db.read_text() == "not a database"  # the file is left as it was
