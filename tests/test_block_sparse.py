@@ -209,6 +209,32 @@ def test_adaptive_exact_on_chosen_blocks_trains_and_is_deterministic_in_eval():
     assert torch.equal(a, b)
 
 
+def test_modules_built_from_one_adaptive_spec_train_scorers_of_their_own():
+    """An "adaptive(...)" spec string names a pattern with parameters: each module gets its own
+    scorer (the parse cache hands back one shared nn.Module, which tied them silently)."""
+    from dilcompile import MultiheadBlockSparseAttention
+    from dilcompile.patterns import from_spec
+
+    spec = "adaptive(head_dim=8, block_size=4, top_k=2, score_dim=4)"
+    torch.manual_seed(0)
+    a, b = BlockSparseAttention(spec, block_size=4), BlockSparseAttention(spec, block_size=4)
+    mha = [MultiheadBlockSparseAttention(16, 2, spec, block_size=4) for _ in range(2)]
+    scorers = [a.pattern, b.pattern, mha[0].pattern, mha[1].pattern, from_spec(spec)]
+    assert len({id(p) for p in scorers}) == 5 and all(repr(p) == spec.replace(" ", "").replace(",", ", ")
+                                                      for p in scorers)
+    assert "pattern.q_proj.weight" in a.state_dict() and "pattern.q_proj.weight" in mha[0].state_dict()
+    before = b.pattern.q_proj.weight.detach().clone()
+    q, k, v = random_qkv(1, 2, 24, 8, requires_grad=True)
+    torch.optim.SGD(a.parameters(), lr=1.0).zero_grad()
+    a(q, k, v).square().sum().backward()
+    assert a.pattern.q_proj.weight.grad.abs().sum() > 0 and b.pattern.q_proj.weight.grad is None
+    torch.optim.SGD(a.parameters(), lr=1.0).step()
+    assert torch.equal(b.pattern.q_proj.weight, before)  # training a leaves b's scorer alone
+    x = torch.randn(1, 24, 16)
+    mha[0](x)[0].square().sum().backward()
+    assert mha[0].pattern.q_proj.weight.grad.abs().sum() > 0 and mha[1].pattern.q_proj.weight.grad is None
+
+
 @pytest.mark.parametrize("kwargs, err", [
     (dict(pattern=3), TypeError), (dict(pattern="nope"), ValueError), (dict(impl="cuda"), ValueError),
     (dict(causal=1), TypeError), (dict(scale=-1.0), ValueError), (dict(block_size=0), ValueError),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..patterns import Pattern, from_spec
+from ..patterns import Pattern
+from ..patterns.spec import own_pattern
 from . import cache
 from .api import block_sparse_attention
 from .config import BlockSparseAttentionConfig
@@ -31,7 +32,7 @@ class BlockSparseAttention(nn.Module):
         elif pattern is not None or kwargs:
             raise ValueError("pass either config= or the pattern and config fields, not both")
         self.config = config
-        self.pattern = getattr(self, "learned", None) or from_spec(config.pattern)
+        self.pattern = getattr(self, "learned", None) or own_pattern(config.pattern)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool | None = None,
                 key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:

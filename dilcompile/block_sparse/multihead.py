@@ -6,7 +6,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..multihead.base import MultiheadAttentionBase
-from ..patterns import Pattern, from_spec
+from ..patterns import Pattern
+from ..patterns.spec import own_pattern
 from . import cache
 from .api import block_sparse_attention
 from .config import BlockSparseAttentionConfig
@@ -61,7 +62,7 @@ class MultiheadBlockSparseAttention(MultiheadAttentionBase):
         self.config = config
         if learned:
             self.learned = pattern  # submodule: its scorer's parameters are ours
-        self.pattern = pattern if learned else from_spec(config.pattern)
+        self.pattern = pattern if learned else own_pattern(config.pattern)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, key_padding_mask: Tensor | None,
                cu_seqlens: Tensor | None = None) -> Tensor:

@@ -29,7 +29,7 @@ from .template import template
 PATTERNS = {p.name: p for p in (local_window, dilated, global_local, random_blocks, hierarchical, adaptive,
                                 hilbert, union, intersection, causal)}
 PATTERN_NAMES = tuple(PATTERNS)
-__all__ = ["PATTERNS", "PATTERN_NAMES", "from_spec", "from_template", "template"]
+__all__ = ["PATTERNS", "PATTERN_NAMES", "from_spec", "from_template", "own_pattern", "template"]
 
 
 def _value(node: ast.AST, numbers: list | None):
@@ -86,6 +86,15 @@ def from_spec(spec: str) -> Pattern:
         _PARSED.clear()
     _PARSED[spec] = pattern
     return pattern
+
+
+def own_pattern(spec: str) -> Pattern:
+    """``from_spec`` for a module to keep. A data-dependent pattern (``adaptive``)
+    is an ``nn.Module`` with parameters: each module gets one built anew, so two
+    modules made from one spec train scorers of their own instead of sharing
+    the cached one. Other patterns are values, and are shared."""
+    pattern = from_spec(spec)
+    return _value(ast.parse(spec.strip(), mode="eval").body, None) if pattern.data_dependent else pattern
 
 
 def parsed_spec(spec: str) -> Pattern:
