@@ -6,7 +6,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from dilcompile import BlockSparseAttention, block_sparse_attention
-from dilcompile.patterns import adaptive, dilated, global_local, hierarchical, local_window, random_blocks, union
+from dilcompile.patterns import (adaptive, dilated, global_local, hierarchical, hilbert, local_window, random_blocks,
+                                 union)
 from dilcompile.testing import (assert_forward_and_gradients_within_budget, assert_within_low_precision_budget,
                                 random_qkv)
 from helpers import PATTERNS
@@ -298,6 +299,22 @@ def test_flex_patterns_of_one_kind_with_other_numbers_each_compile():
             got = block_sparse_attention(q, k, v, pattern, impl="flex", block_size=16)
         torch.testing.assert_close(got.double(), _sdpa_masked(q.double(), k.double(), v.double(), pattern, False),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_flex_hilbert_on_random_grids_equals_float64():
+    """hilbert's mask_mod reads its curve tables: they were built inside FlexAttention's mask subgraph (Dynamo
+    traced through lru_cache) and Inductor refused to lower it. Random grids, radii and block sizes, causal and
+    not, against masked attention in float64."""
+    gen = torch.Generator().manual_seed(22)
+    for case in range(3):
+        height, width, radius = (int(torch.randint(lo, hi, (), generator=gen)) for lo, hi in ((3, 17), (3, 17), (0, 4)))
+        block = (16, 32, 64)[case]
+        pattern, causal = hilbert(height, width, radius), case % 2 == 1
+        q, k, v = random_qkv(1, 2, height * width, 16, dtype=torch.float32, seed=case)
+        with torch.no_grad():
+            got = block_sparse_attention(q, k, v, pattern, causal=causal, impl="flex", block_size=block)
+        want = _sdpa_masked(q.double(), k.double(), v.double(), pattern, causal)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{pattern}: {m}")
 
 
 def test_flex_cpu_counts_full_blocks_once():

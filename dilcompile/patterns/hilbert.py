@@ -53,6 +53,10 @@ def hilbert_xy2d(order: int, x: Tensor, y: Tensor) -> Tensor:
     return d
 
 
+_CELLS: dict[tuple[int, int, torch.device], tuple[Tensor, Tensor]] = {}
+_CELLS_MAX = 16
+
+
 @functools.lru_cache(maxsize=16)
 def _curve(height: int, width: int) -> tuple[Tensor, Tensor]:
     """The grid's cells in curve order: (N,) rows, (N,) columns. Sorts the N
@@ -95,8 +99,22 @@ class hilbert(Pattern):  # noqa: N801
         return inv
 
     def _cells(self, device):
-        ys, xs = _curve(self.height, self.width)
-        return ys.to(device), xs.to(device)
+        """The curve's (rows, columns) on ``device``, from a plain dict: inside a
+        compiled FlexAttention, Dynamo traces through ``lru_cache`` (the curve was
+        built inside the mask subgraph, which Inductor cannot lower) but reads a
+        dict's tensors as inputs. ``block_mask`` fills it before any trace."""
+        key = (self.height, self.width, torch.device(device))
+        if key not in _CELLS:
+            if len(_CELLS) >= _CELLS_MAX:
+                _CELLS.clear()
+            ys, xs = _curve(self.height, self.width)
+            _CELLS[key] = ys.to(device), xs.to(device)
+        return _CELLS[key]
+
+    def block_mask(self, B: int, H: int, N: int, block_size: int = 128, device=None, **kwargs):
+        self._check_n(N)
+        self._cells("cpu" if device is None else device)
+        return super().block_mask(B, H, N, block_size, device, **kwargs)
 
     def _check_n(self, n: int):
         if n != self.num_tokens:
