@@ -104,19 +104,26 @@ def _adaptive_cases():
 
 
 @pytest.mark.parametrize("n, block_size, top_k, is_causal, data_seed", _adaptive_cases())
-def test_adaptive_gather_matches_reference_on_random_configs(n, block_size, top_k, is_causal, data_seed):
-    """The learned pattern (eval: no straight-through bias, the same selection
-    on both paths), outputs and gradients."""
+@pytest.mark.parametrize("training", [False, True])
+def test_adaptive_gather_matches_reference_on_random_configs(n, block_size, top_k, is_causal, data_seed, training):
+    """The learned pattern, outputs and gradients. Eval: no straight-through
+    bias, the same selection on both paths. Training: the bias (zero in value)
+    carries the scorer's gradient, on the reference path too (it dropped it)."""
     torch.manual_seed(data_seed)
-    pattern = adaptive(head_dim=4, block_size=block_size, top_k=top_k).double().eval()
+    pattern = adaptive(head_dim=4, block_size=block_size, top_k=top_k).double().train(training)
     q, k, v = random_qkv(2, 2, n, 4, requires_grad=True, seed=data_seed)
     got = block_sparse_attention(q, k, v, pattern, causal=is_causal, impl="gather")
     want = block_sparse_attention(q, k, v, pattern, causal=is_causal, impl="reference")
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(got)
-    for g, w in zip(torch.autograd.grad((got * grad).sum(), (q, k, v)),
-                    torch.autograd.grad((want * grad).sum(), (q, k, v))):
-        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+    inputs = (q, k, v, pattern.q_proj.weight, pattern.k_proj.weight)
+    got_grads = torch.autograd.grad((got * grad).sum(), inputs, allow_unused=True)
+    want_grads = torch.autograd.grad((want * grad).sum(), inputs, allow_unused=True)
+    for name, g, w in zip(("q", "k", "v", "q_proj", "k_proj"), got_grads, want_grads):
+        if name.endswith("proj") and not training:
+            assert g is None and w is None  # eval: the selection is not differentiated
+            continue
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
 
 
 @pytest.mark.parametrize("n, density, seed, is_causal", [(512, 0.1, 0, False), (512, 0.1, 4, True), (256, 0.05, 0, False),

@@ -41,6 +41,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float,
         own_block = min(pattern.config.block_size, n)  # one block either way when it passes N
         if chosen == "reference":
             mask = _selection_mask(idx, valid, own_block, n, causal)
+            if bias.requires_grad:  # training: the straight-through bias carries the scorer's gradient
+                return _biased_reference(q, k, v, mask, _dense_bias(idx, valid, bias, own_block, n), scale)
             return masked_attention_reference(q, k, v, mask, scale).to(q.dtype)
         return gather_attention_autograd(q, k, v, idx, valid, bias, own_block, causal, scale)
 
@@ -79,3 +81,22 @@ def _selection_mask(idx: Tensor, valid: Tensor, bs: int, n: int, causal: bool) -
     if causal:
         mask = mask & torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
     return mask
+
+
+def _dense_bias(idx: Tensor, valid: Tensor, bias: Tensor, bs: int, n: int) -> Tensor:
+    """(B, H, N, N) float64: each chosen block's straight-through logit bias on all
+    of its keys, for every query of its query block (zero in value)."""
+    nb = math.ceil(n / bs)
+    blocks = torch.zeros(*idx.shape[:-1], nb + 1, dtype=torch.float64, device=idx.device)
+    blocks = blocks.scatter_add(-1, torch.where(valid, idx, nb), bias.double())
+    return blocks[..., :nb].repeat_interleave(bs, -1).repeat_interleave(bs, -2)[..., :n, :n]
+
+
+def _biased_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """The float64 oracle with an additive logit bias, in plain autograd so the
+    gradient reaches the bias (for finite inputs; the bias-free oracle is the
+    one that keeps NaN where the math puts it)."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale + bias
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    p = torch.where(mask.any(-1, keepdim=True), p, 0.0)  # a row with no key: 0 (not NaN)
+    return (p @ v.double()).to(q.dtype)
