@@ -44,6 +44,7 @@ def test_profile_inputs_are_usage_errors(tmp_path, capsys):
     db = str(tmp_path / "runs.duckdb")
     cases = {
         "device must be cpu": ["--variant", "sdpa", "--seq-len", "16", "--device", "banana"],
+        "one CPU device": ["--variant", "sdpa", "--seq-len", "16", "--device", "cpu:5"],
         "seq_len must be an int in 1..": ["--variant", "sdpa", "--seq-len", "99999999999999999999"],
         "heads must be an int in 1..": ["--variant", "sdpa", "--seq-len", "16", "--heads", str(2**31)],
         "unknown pattern 'bogus'": ["--variant", "block-sparse:bogus(1)", "--seq-len", "16"],
@@ -59,6 +60,7 @@ def test_profile_inputs_are_usage_errors(tmp_path, capsys):
 
 @pytest.mark.parametrize("body, expected", [
     ('[[grid]]\nvariant = "sdpa"\nseq_len = 16\ndevice = "cuda:7"\n', "cuda:7"),
+    ('[[grid]]\nvariant = "sdpa"\nseq_len = 16\ndevice = "cpu:5"\n', "one CPU device"),
     ('[[grid]]\nvariant = [1]\nseq_len = 16\n', "variant must be a name"),
     ('max_time_s = nan\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "max_time_s"),
     ('max_time_s = inf\n[[grid]]\nvariant = "sdpa"\nseq_len = 16\n', "max_time_s"),

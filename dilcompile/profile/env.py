@@ -47,6 +47,8 @@ def resolve_device(device: str | None) -> torch.device:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu, cuda, cuda:<index> or auto, got {device!r}")
+    if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts cpu:5 and runs on the one CPU device
+        raise ValueError(f"device {device!r}: torch has one CPU device; use --device cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but torch sees no CUDA device; use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
