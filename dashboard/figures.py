@@ -120,8 +120,20 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
         if len(ticks) >= 2:
             fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
-                      legend={"orientation": "h", "y": -0.18}, margin={"t": 40})
+                      legend=_legend(data["line"].nunique()), margin={"t": 40})
     return fig
+
+
+# A legend under the plot wraps into rows; past this many lines it grows taller
+# than the plot itself (79 lines took ~900 px): it moves to the right, where
+# Plotly scrolls a legend taller than the plot.
+LEGEND_BELOW_MAX = 12
+
+
+def _legend(lines: int) -> dict:
+    if lines <= LEGEND_BELOW_MAX:
+        return {"orientation": "h", "y": -0.18}
+    return {"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"}
 
 
 @functools.cache

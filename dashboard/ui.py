@@ -115,3 +115,10 @@ def when(value) -> str:
     """A time as "2026-11-25 07:10", or "time unknown" (an imported row may have NULL started_at)."""
     stamp = pd.Timestamp(value) if value is not None else pd.NaT
     return "time unknown" if pd.isna(stamp) else f"{stamp:%Y-%m-%d %H:%M}"
+
+
+def ratios(table: pd.DataFrame, columns) -> "pd.io.formats.style.Styler":
+    """``table`` with ``columns`` shown as ratios ("1.23×") and a missing ratio
+    blank: the grid draws a missing number as "None" (a Styler's na_rep is what
+    it shows instead; column_config has no such option)."""
+    return table.style.format("{:.2f}×", subset=[c for c in columns if c in table], na_rep="")

@@ -44,7 +44,6 @@ if src is not None:
         table = analysis.speedup_table(points, baseline)
         st.caption(f"{ui.md(baseline)} latency ÷ each variant's latency at the same point: above 1 is faster "
                    "than the baseline, blank where a variant was not measured.")
-        st.dataframe(table, hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(c, format="%.2f×") for c in series})
+        st.dataframe(ui.ratios(table, series), hide_index=True, width="stretch")
     else:
         st.info("No ok runs match the filter.")

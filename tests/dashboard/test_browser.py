@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -53,6 +54,11 @@ def test_click_through_every_page(server):
         page = browser.new_page(viewport={"width": 1440, "height": 2400 if shots else 1000})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
+        # Nothing is fetched from outside: the dashboard runs on machines with no internet (its
+        # favicon, a Material icon, came from fonts.gstatic.com).
+        outside: list[str] = []
+        page.on("request", lambda r: outside.append(r.url) if urlparse(r.url).scheme in ("http", "https", "ws", "wss")
+                and urlparse(r.url).hostname not in ("127.0.0.1", "localhost") else None)
         page.goto(server)
         _settle(page, "Overview")
         for title in PAGES:
@@ -88,3 +94,4 @@ def test_click_through_every_page(server):
             page.screenshot(path=str(Path(shots) / "6-sql-refused.png"), full_page=True)
         browser.close()
     assert not errors, errors
+    assert not outside, sorted(set(outside))

@@ -117,6 +117,15 @@ def test_leaderboard_and_speedup(runs):
     base = points[points["variant"] == "sdpa"].set_index(["dtype", "seq_len"])["latency_ms"]
     for _, r in merged.iterrows():
         assert abs(r["dilated"] - base[(r["dtype"], r["seq_len"])] / r["latency_ms"]) < 1e-9
+    # Compare promises a blank where a variant was not measured (the grid drew "None")
+    from dashboard import ui
+
+    sp.loc[0, "dilated"] = float("nan")
+    header, *rows = ui.ratios(sp, ["sdpa", "dilated", "absent"]).hide(axis="index").to_string(delimiter="|").split("\n")
+    columns = header.split("|")
+    cells = [row.split("|") for row in rows if row]
+    assert cells[0][columns.index("dilated")] == "" and cells[0][columns.index("sdpa")] == "1.00×"
+    assert len(cells) == len(sp) and all(row[columns.index("dilated")].endswith("×") for row in cells[1:])
 
 
 def _point(latency, p20, p80, seq_len=64, **kw):
@@ -158,6 +167,19 @@ def test_imported_oddities_draw_instead_of_raising():
     from dashboard import ui
 
     assert ui.when(pd.NaT) == "time unknown" and ui.when(pd.Timestamp("2026-01-02 03:04")) == "2026-01-02 03:04"
+
+
+def test_many_lines_put_the_legend_beside_the_plot():
+    """79 lines (all the reference runs at once) made a legend under the plot taller than the plot; past
+    LEGEND_BELOW_MAX it sits on the right, where Plotly scrolls it."""
+    def figure(lines):
+        return figures.metric_vs_seq_len(analysis.prepare(pd.DataFrame(
+            [_point(1.0 + i, 0.9, 1.1, n, variant=f"v{i}") for i in range(lines) for n in (64, 128)])),
+            "latency_ms", facet=None)
+
+    few, many = figure(figures.LEGEND_BELOW_MAX), figure(79)
+    assert len(few.data) == figures.LEGEND_BELOW_MAX and few.layout.legend.orientation == "h"
+    assert len(many.data) == 79 and many.layout.legend.orientation == "v" and many.layout.legend.x > 1
 
 
 def test_stored_names_are_shown_literally_in_figures():
