@@ -44,6 +44,7 @@ def _favicon():
     return icon
 
 
+st.set_page_config(page_title="dilcompile runs", page_icon=_favicon(), layout="wide")
 
 PAGES = [
     st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True),
@@ -54,7 +55,4 @@ PAGES = [
     st.Page("views/sql.py", title="SQL", icon=":material/database:"),
 ]
 
-page = st.navigation(PAGES)
-# After st.navigation: a page's icon would otherwise become the favicon, fetched from the CDN.
-st.set_page_config(page_title=f"{page.title} · dilcompile runs", page_icon=_favicon(), layout="wide")
-page.run()
+st.navigation(PAGES).run()
