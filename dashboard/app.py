@@ -34,8 +34,8 @@ import streamlit as st  # noqa: E402
 
 
 def _favicon():
-    """A line chart drawn here: for an icon name or an emoji the browser fetches the
-    favicon from a font CDN, and the dashboard is for machines with no internet."""
+    """A line chart drawn here: for a Material icon name the browser fetches the
+    favicon from fonts.gstatic.com, and the dashboard runs on machines with no internet."""
     from PIL import Image, ImageDraw
 
     icon = Image.new("RGBA", (32, 32), (0, 0, 0, 0))

@@ -137,6 +137,35 @@ def test_a_nan_reaches_exactly_the_rows_that_attend_it(impl, where, causal):
         assert not lse.isnan().any()
 
 
+@pytest.mark.parametrize("queries", [256, 200, 40])  # full call, suffix via the kernel, decode path
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("impl", ["sdpa", "triton"])
+def test_a_key_removed_by_key_mask_reaches_no_row_whatever_it_holds(impl, causal, queries):
+    """key_mask removes keys exactly: a NaN or ±inf in a removed key or value changes no row (the CPU kernel
+    took −inf + NaN = NaN and 0 · NaN, and every row of the batch element turned NaN)."""
+    n, segments, rates = 256, (64, 128), (1, 2)
+    dtype, tol = (torch.float32, 2e-6) if impl == "triton" else (torch.float64, 1e-10)  # triton: half/fp32 only
+    q, k, v = random_qkv(2, 4, n, 16, seed=1, dtype=dtype)
+    removed = torch.zeros(2, n, dtype=torch.bool)
+    removed[0, [3, 100]], removed[1, [5, 255]] = True, True
+    k[0, :, 3], v[0, :, 100], k[1, :, 5], v[1, :, 255] = float("nan"), float("nan"), float("inf"), -float("inf")
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, key_mask=removed)
+    q = q[:, :, -queries:].requires_grad_()
+    k, v = k.requires_grad_(), v.requires_grad_()
+    got = dilated_attention(q, k, v, impl=impl, **kw)
+    clean = [q.detach().double().requires_grad_()] + [t.detach().masked_fill(removed[:, None, :, None], 0.0).double()
+                                                      .requires_grad_() for t in (k, v)]
+    want = dilated_attention(*clean, impl="reference", **kw)
+    assert got.isfinite().all()
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    # Gradients too: finite, and a removed key's own are 0 (the reference's on the cleaned input)
+    grad = torch.randn_like(want)
+    for name, g, w in zip("qkv", torch.autograd.grad((got * grad.to(got.dtype)).sum(), (q, k, v)),
+                          torch.autograd.grad((want * grad).sum(), clean)):
+        assert g.isfinite().all(), name
+        torch.testing.assert_close(g.double(), w, rtol=tol * 10, atol=tol * 10, msg=lambda m, name=name: f"d{name}: {m}")
+
+
 def test_reference_infinite_values_are_what_p_times_v_gives():
     q, k, v = random_qkv(1, 1, 6, 2, seed=0)
     v[0, 0, 1, 0], v[0, 0, 2, 0], v[0, 0, 4, 1] = float("inf"), float("-inf"), float("inf")

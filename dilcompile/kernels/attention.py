@@ -55,6 +55,15 @@ def _additive(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask, float("-inf"))
 
 
+def _without_removed(key_mask: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """k and v with the removed keys zeroed, so that a removed key reaches no row
+    whatever it holds: the kernels remove a key by adding −inf to its score
+    (NaN + −inf is NaN) and then multiply its value by P = 0 (0 · NaN is NaN).
+    Equal results for finite inputs; docs/numerics.md, "Non-finite values"."""
+    removed = ~key_mask.expand(*k.shape[:-2], 1, k.shape[-2]).transpose(-1, -2)  # (B, H, L, 1)
+    return k.masked_fill(removed, 0), v.masked_fill(removed, 0)
+
+
 def _has_key(key_mask: Tensor, causal: bool, shape: torch.Size) -> Tensor:
     """(B, H, L) bool: the row keeps at least one key."""
     keep = key_mask.expand(*shape[:-2], 1, shape[-2]).squeeze(-2)
@@ -66,6 +75,8 @@ def attention_forward(
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, L, D) in q.dtype and lse (B, H, L)."""
     backend = backend_for(q.device, q.dtype, q.shape[-1], key_mask is not None)
+    if key_mask is not None:
+        k, v = _without_removed(key_mask, k, v)
     if backend == "cpu_flash":
         bias = None if key_mask is None else _additive(key_mask, q.dtype)
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
@@ -91,6 +102,8 @@ def attention_backward(
     """(dq, dk, dv) of softmax attention whose row normaliser is ``lse`` and
     whose output is ``out`` (see the module docstring)."""
     backend = backend_for(q.device, q.dtype, q.shape[-1], key_mask is not None)
+    if key_mask is not None:  # as the forward saw them; a removed key's own gradients are 0 either way
+        k, v = _without_removed(key_mask, k, v)
     grad_out, out = grad_out.contiguous(), out.contiguous()
     # A row with no key has lse −inf and P = 0; any finite lse gives that P.
     lse = finite_or_zero(lse).contiguous()

@@ -48,6 +48,13 @@ def _scores(q, k, part, rows, keys, q_pos, k_pos, causal, scale, key_padding_mas
     return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
 
 
+def _keys(t: Tensor, h: slice, keys, key_padding_mask: Tensor | None, acc: torch.dtype) -> Tensor:
+    """k or v of one piece in the accumulator dtype, removed keys zeroed: their
+    P is 0, and 0 · NaN would still be NaN (docs/numerics.md, "Non-finite values")."""
+    x = t[:, h, keys].to(acc)
+    return x if key_padding_mask is None else x.masked_fill(key_padding_mask[:, keys][:, None, :, None], 0)
+
+
 def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
                    key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """q (B, H, Nq, D), k, v (B, H, Nk, D), Nq ≤ Nk → out (B, H, Nq, D) in
@@ -64,7 +71,7 @@ def decode_forward(q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], cau
             piece_lse = torch.logsumexp(s, dim=-1)
             p = (s - finite_or_zero(piece_lse)[..., None]).exp()  # masked keys: exp(−inf) = 0
             # rows and h are slices: the merge writes through views of out and lse
-            merge_into(out[:, h, rows], lse[:, h, rows], p @ v[:, h, keys].to(acc), piece_lse)
+            merge_into(out[:, h, rows], lse[:, h, rows], p @ _keys(v, h, keys, key_padding_mask, acc), piece_lse)
     return out.to(q.dtype), lse
 
 
@@ -88,8 +95,8 @@ def decode_backward(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Ten
             p = (s - finite[:, h, rows][..., None]).exp()  # (B, heads, nq', nk')
             do_ = do[:, h, rows]
             dv[:, h, keys] += p.transpose(-1, -2) @ do_
-            dp = do_ @ v[:, h, keys].to(acc).transpose(-1, -2)
+            dp = do_ @ _keys(v, h, keys, key_padding_mask, acc).transpose(-1, -2)
             ds = p * (dp - delta[:, h, rows][..., None]) * scale
-            dq[:, h, rows] += ds @ k[:, h, keys].to(acc)
+            dq[:, h, rows] += ds @ _keys(k, h, keys, key_padding_mask, acc)
             dk[:, h, keys] += ds.transpose(-1, -2) @ q[:, h, rows].to(acc)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
