@@ -14,6 +14,8 @@ parameters' dtype, or autocast's under ``torch.autocast`` (``keys_dtype``).
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 from torch import Tensor
 
@@ -73,6 +75,10 @@ class KVCache:
         tokens of this shape cannot be written at ``start`` of ``layer``.
         ``dtype``: of the projection's parameters; the keys have
         ``keys_dtype(dtype, device)`` (autocast's under ``torch.autocast``)."""
+        for name, value in (("layer_idx", layer), ("start_pos", start)):
+            # an int (or a traced SymInt), never a bool: True would silently mean 1
+            if isinstance(value, bool) or not isinstance(value, (Integral, torch.SymInt)):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         _, b, h, _, d = self.k.shape
         fix = "build KVCache(num_layers, batch, num_heads, max_len, head_dim, dtype=, device=) to match the model"
         if not 0 <= layer < self.num_layers:

@@ -80,6 +80,19 @@ def test_mismatched_cache_is_a_value_error(cache, match):
         model(torch.zeros(2, 10, dtype=torch.long), cache=cache())
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(start_pos=True), TypeError, "start_pos must be an int"),  # ran as position 1
+    (dict(start_pos=1.0), TypeError, "start_pos must be an int"),
+    (dict(layer_idx=True), TypeError, "layer_idx must be an int"),  # an internal shape error
+    (dict(layer_idx=False), TypeError, "layer_idx must be an int"),
+])
+def test_cache_positions_and_layers_are_ints(kwargs, error, match):
+    mha = MultiheadDilatedAttention(32, 4, (8,), (1,), dtype=torch.float64).eval()
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    with pytest.raises(error, match=match):
+        mha(x, is_causal=True, cache=KVCache(2, 1, 4, 16, 8, dtype=torch.float64), **kwargs)
+
+
 def test_use_cache_beyond_max_seq_len_is_a_value_error():
     model = LongNetDecoder(LongNetConfig(**SMALL))
     with pytest.raises(ValueError, match="use_cache=False"):
