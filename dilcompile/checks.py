@@ -4,6 +4,7 @@ argument, the value and the fix, before any compute."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Set as AbstractSet
 from numbers import Integral, Real
 
 import torch
@@ -108,6 +109,9 @@ def check_positive_ints(name: str, values) -> tuple[int, ...]:
     """A non-empty sequence of ints in [1, 2⁶³ − 1], as a tuple."""
     if isinstance(values, (int, str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{name} must be a sequence of ints such as (2048, 4096), got {values!r}")
+    if isinstance(values, (AbstractSet, Mapping)):  # no order: segments would pair with the wrong rates
+        raise TypeError(f"{name} must be an ordered sequence such as (2048, 4096) (a list or tuple), "
+                        f"got a {type(values).__name__}: {values!r}")
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} is empty: give at least one value, e.g. (2048,)")

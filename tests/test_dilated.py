@@ -1,5 +1,6 @@
 """The fused-kernel path against the float64 reference, and the bad-input contract."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,8 @@ def test_segment_longer_than_n_equals_clamped_segment():
 def test_module_uses_config_and_matches_function():
     config = DilatedAttentionConfig((8, 16), (1, 2), causal=True)
     assert DilatedAttentionConfig.from_json(config.to_json()) == config
+    numpy_scale = DilatedAttentionConfig((8, 16), (1, 2), scale=np.float32(0.5))  # to_json raised on it
+    assert DilatedAttentionConfig.from_json(numpy_scale.to_json()) == numpy_scale and numpy_scale.scale == 0.5
     q, k, v = random_qkv(2, 4, 40, 8)
     module = DilatedAttention(config=config)
     want = dilated_attention(q, k, v, segment_lengths=(8, 16), dilation_rates=(1, 2), causal=True)
@@ -109,6 +112,9 @@ GOOD = dict(segment_lengths=(4, 8), dilation_rates=(1, 2))
         (dict(dilation_rates=(1, -2)), ValueError, "≥ 1"),
         (dict(segment_lengths=()), ValueError, "empty"),
         (dict(segment_lengths=4), TypeError, "sequence of ints"),
+        (dict(segment_lengths={4, 8}), TypeError, "ordered sequence"),  # iterated as (8, 4): paired wrongly
+        (dict(dilation_rates={1: "a", 2: "b"}), TypeError, "ordered sequence"),
+        (dict(return_lse="no"), TypeError, "return_lse"),  # returned (out, lse)
         (dict(dilation_rates=(1.5, 2)), TypeError, "ints"),
         (dict(mode="dense"), ValueError, "mode"),
         (dict(impl="cuda"), ValueError, "impl"),

@@ -165,3 +165,6 @@ def test_bad_construction_raises():
         MultiheadDilatedAttention(32, 4, (8, 16), (1,))
     with pytest.raises(ValueError, match="dropout"):
         MultiheadDilatedAttention(32, 4, (8,), (1,), dropout=1.5)
+    for eps in (-1.0, 0.0, float("nan"), float("inf"), True, "1e-5"):  # -1 built, and every output was NaN
+        with pytest.raises(ValueError, match="layer_norm_eps"):
+            MultiheadDilatedAttention(32, 4, (8,), (1,), layer_norm_eps=eps)

@@ -30,7 +30,7 @@ class BlockSparseAttentionConfig:
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {self.causal!r}")
         check_positive_int("block_size", self.block_size, " (e.g. 128)")
-        check_scale(self.scale)
+        object.__setattr__(self, "scale", check_scale(self.scale))  # a numpy float stored as float (JSON)
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
 

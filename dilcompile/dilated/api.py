@@ -113,6 +113,7 @@ def dilated_attention(
     check_qkv(q, k, v, "dilated attention", shorter_q=True)
     segments, rates = check_branches(segment_lengths, dilation_rates, mode)
     check_bool("causal", causal)
+    check_bool("return_lse", return_lse)
     scale = softmax_scale(scale, q.shape[-1])
     varlen.check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask)
     if key_mask is not None:

@@ -39,7 +39,7 @@ class DilatedAttentionConfig:
         object.__setattr__(self, "segment_lengths", segments)
         object.__setattr__(self, "dilation_rates", rates)
         check_bool("causal", self.causal)
-        check_scale(self.scale)
+        object.__setattr__(self, "scale", check_scale(self.scale))  # a numpy float stored as float (JSON)
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
 

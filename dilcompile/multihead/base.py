@@ -84,6 +84,9 @@ class MultiheadAttentionBase(nn.Module):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
         if not (isinstance(gamma_init, (int, float)) and math.isfinite(gamma_init) and gamma_init > 0):
             raise ValueError(f"gamma_init must be a positive finite float, got {gamma_init!r}")
+        if isinstance(layer_norm_eps, bool) or not (isinstance(layer_norm_eps, (int, float))
+                                                    and 0 < layer_norm_eps < math.inf):
+            raise ValueError(f"layer_norm_eps must be a positive finite float, got {layer_norm_eps!r}")
         for name, value in (("bias", bias), ("sub_ln", sub_ln)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
