@@ -156,7 +156,9 @@ def sequences(q: Tensor, k: Tensor, cu_q: Tensor | None, cu_k: Tensor | None,
         return padded_sequences(key_padding_mask, q.shape[2])
     if cu_q is None or cu_k is None:
         raise ValueError("a varlen op takes cu_q and cu_k (packed input) or key_padding_mask (padded input)")
-    return packed_sequences(cu_q, cu_k, q.shape[2], k.shape[2])
+    # one tensor for both: the caller passed cu_seqlens (the op cannot tell otherwise), name that
+    names = ("cu_seqlens", "cu_seqlens") if cu_q is cu_k else ("cu_seqlens_q", "cu_seqlens_k")
+    return packed_sequences(cu_q, cu_k, q.shape[2], k.shape[2], names)
 
 
 def check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask=None) -> None:
