@@ -151,6 +151,7 @@ def test_module_compiles_fullgraph_with_mask_and_grads():
     (lambda m, x: m(x, x[:, :5], x[:, :5]), ValueError, "key length"),
     (lambda m, x: m(x[..., :8]), ValueError, "embed_dim=16"),
     (lambda m, x: m(x, is_causal=1), TypeError, "is_causal"),
+    (lambda m, x: m(x, attn_mask=torch.ones(10, 10, dtype=torch.bool)), ValueError, "attn_mask is not supported"),
 ])
 def test_bad_input_raises_naming_the_argument(call, exc, words):
     m = MultiheadDilatedAttention(16, 2, (8,), (1,))
@@ -168,3 +169,10 @@ def test_bad_construction_raises():
     for eps in (-1.0, 0.0, float("nan"), float("inf"), True, "1e-5"):  # -1 built, and every output was NaN
         with pytest.raises(ValueError, match="layer_norm_eps"):
             MultiheadDilatedAttention(32, 4, (8,), (1,), layer_norm_eps=eps)
+
+
+def test_attn_mask_none_is_taken_as_nn_multihead_attention_takes_it():
+    """Drop-in calls pass attn_mask=None (it was a TypeError: unexpected keyword)."""
+    m = MultiheadDilatedAttention(16, 2, (8,), (1,), dtype=torch.float64)
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    torch.testing.assert_close(m(x, x, x, need_weights=False, attn_mask=None)[0], m(x)[0], rtol=0, atol=0)

@@ -194,6 +194,7 @@ class MultiheadAttentionBase(nn.Module):
         is_causal: bool = False,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
+        attn_mask: Tensor | None = None,
         cache=None,
         layer_idx: int = 0,
         start_pos: int = 0,
@@ -203,7 +204,8 @@ class MultiheadAttentionBase(nn.Module):
         defaults to key); key_padding_mask (B, Nk) bool, True = padding:
         padding is absence, each row computed as its real tokens alone
         (docs/design.md, "Variable-length batches").
-        Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``.
+        Returns (out (B, Nq, E), None) like ``nn.MultiheadAttention``, whose
+        ``attn_mask=None`` is taken too (a mask is refused: the pattern is the mask).
 
         Packed sequences: ``cu_seqlens`` (S + 1,) int tensor from 0 to total
         with query (1, total, E) holding S sequences end to end; each is
@@ -214,6 +216,9 @@ class MultiheadAttentionBase(nn.Module):
         ``[start_pos, start_pos + Nq)``; their keys and values are written to
         layer ``layer_idx`` of the cache and the queries attend to every key
         in it up to their own position (the attention's Nq < Nk convention)."""
+        if attn_mask is not None:  # taken (None) as nn.MultiheadAttention takes it, for drop-in calls
+            raise ValueError("attn_mask is not supported: the attention's own pattern is its mask; pass "
+                             "is_causal=True for a causal mask and key_padding_mask for padding")
         key = query if key is None else key
         value = key if value is None else value
         self._check(query, key, value, key_padding_mask, need_weights, is_causal, cache, layer_idx, start_pos,
