@@ -389,3 +389,21 @@ def test_hilbert_reference_refuses_the_wrong_length_as_gather_does():
     for impl in ("gather", "reference"):  # reference answered for N=16 with a 3×3 grid's curve, clamped
         with pytest.raises(ValueError, match="hilbert pattern is for N"):
             block_sparse_attention(q, q, q, hilbert(3, 3, 1), impl=impl)
+
+
+@pytest.mark.parametrize("pattern", [
+    hierarchical(((1, 2), (153092023, 60247241208))),  # 153092023 · 60247241209 = 2**63 − 1: hi + reach wrapped
+    hierarchical(((2**40, 2**40),)),  # OverflowError: int too big to convert
+    union(hierarchical(((2**40, 2**40),)), local_window(3)),
+], ids=["wraps", "overflows", "in-union"])
+def test_hierarchical_levels_whose_reach_passes_int64(pattern):
+    """Levels in the documented range (sizes ≤ 2**40) whose stride·(window + 1) passes 2**63: the block lists
+    dropped blocks (gather off by 2.8, nnz 138 of 375) or raised; the reach is capped at N."""
+    from dilcompile import block_sparse_attention
+    from dilcompile.testing import random_qkv
+
+    q, k, v = random_qkv(1, 1, 64, 8, seed=0)
+    want = block_sparse_attention(q, k, v, pattern, impl="reference", block_size=16)
+    got = block_sparse_attention(q, k, v, pattern, impl="gather", block_size=16)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert pattern.nnz(1, 64, block_size=16) == int(pattern.dense_mask(1, 64).sum())

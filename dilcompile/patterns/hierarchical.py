@@ -43,7 +43,9 @@ class hierarchical(Pattern):  # noqa: N801
         return allowed
 
     def span(self, lo, hi, n, transpose=False):
-        reach = max(s * (w + 1) for s, w in self.levels)  # |q − k| < s·(w + 1) on every level
+        # |q − k| < s·(w + 1) on every level; past n it reaches everything. Capped at n:
+        # s·(w + 1) of two sizes ≤ 2⁴⁰ can pass 2⁶³, and hi + reach wrapped negative in int64.
+        reach = min(max(s * (w + 1) for s, w in self.levels), n)
         return torch.zeros_like(lo), lo - reach, hi + reach
 
     def block_state(self, h, q_lo, q_hi, k_lo, k_hi, n):
