@@ -301,6 +301,36 @@ def test_flex_patterns_of_one_kind_with_other_numbers_each_compile():
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_reference_compiles_fullgraph_forward_and_backward(fresh_dynamo):
+    """impl="reference" read its data while tracing (the non-finite sums of masked_matmul) and failed under
+    fullgraph=True (graph breaks without it): it is one custom-op node each way now, exact as eager."""
+    from torch._dynamo.utils import counters
+
+    from dilcompile import MultiheadBlockSparseAttention
+
+    pattern = global_local(3, 4)
+    q, k, v = random_qkv(2, 2, 37, 8, requires_grad=True, seed=5)
+    k.data[0, 1, 20] = float("nan")  # the data-dependent path, inside the op
+    fn = torch.compile(lambda q, k, v: block_sparse_attention(q, k, v, pattern, causal=True, impl="reference"),
+                       fullgraph=True)
+    got, want = fn(q, k, v), block_sparse_attention(q, k, v, pattern, causal=True, impl="reference")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    grad = torch.randn_like(want)
+    for g, w in zip(torch.autograd.grad((got * grad).nan_to_num().sum(), (q, k, v)),
+                    torch.autograd.grad((want * grad).nan_to_num().sum(), (q, k, v))):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+    mha = MultiheadBlockSparseAttention(16, 2, "local_window(3)", impl="reference", block_size=8,
+                                        dtype=torch.float64)
+    x = torch.randn(2, 20, 16, dtype=torch.float64)
+    torch.testing.assert_close(torch.compile(mha, fullgraph=True)(x)[0], mha(x)[0], rtol=1e-12, atol=1e-12)
+    assert not counters["graph_break"]
+    q, k, v = random_qkv(2, 2, 37, 8, requires_grad=True, seed=6)  # finite: opcheck compares without equal_nan
+    mask = torch.rand(2, 1, 37, 37, generator=torch.Generator().manual_seed(0)) < 0.5
+    torch.library.opcheck(torch.ops.dilcompile.masked_attention_reference.default, (q, k, v, mask, 0.3))
+    torch.library.opcheck(torch.ops.dilcompile.masked_attention_reference_bwd.default,
+                          (torch.randn_like(q), q.detach(), k.detach(), v.detach(), mask, 0.3))
+
+
 def test_flex_hilbert_on_random_grids_equals_float64():
     """hilbert's mask_mod reads its curve tables: they were built inside FlexAttention's mask subgraph (Dynamo
     traced through lru_cache) and Inductor refused to lower it. Random grids, radii and block sizes, causal and
