@@ -126,6 +126,7 @@ def test_rows_committed_before_an_interrupt_are_not_written_twice(tmp_path):
     w.close()
     assert store.query(db, "SELECT run_id FROM runs ORDER BY run_id")[1] == [("r1",), ("r2",)]
     assert store.query(db, "SELECT count(*) FROM telemetry")[1] == [(1,)]
+    assert w.written == 2  # the row stored once is counted once
     assert not list(tmp_path.glob("*.rescue-*"))
 
 

@@ -95,7 +95,8 @@ class RunWriter:
             con.execute("BEGIN TRANSACTION")
             if not self._sweep_written:
                 con.execute("DELETE FROM sweeps WHERE sweep_id = ?", [self.sweep["sweep_id"]])
-            _insert_rows(con, None if self._sweep_written else self.sweep, self._not_stored(con))
+            fresh = self._not_stored(con)
+            _insert_rows(con, None if self._sweep_written else self.sweep, fresh)
             con.execute("COMMIT")
         except BaseException as exc:
             with contextlib.suppress(duckdb.Error):
@@ -105,7 +106,7 @@ class RunWriter:
                 raise self._rescue(damaged(self.path, exc) if is_damage(exc) else exc) from exc
             raise
         self._sweep_written = True
-        self.written += len(self.pending)
+        self.written += len(fresh)
         self.pending.clear()
         con.close()
         return True
