@@ -16,7 +16,7 @@ from . import cache
 from . import ops  # registers torch.ops.dilcompile.block_sparse_*
 from .impl.flex import flex_forward
 from .impl.gather import gather_attention_autograd
-from .impl.reference import masked_attention_reference
+from .impl.reference import masked_attention_reference, probabilities
 from .suffix import suffix_attention
 
 
@@ -96,7 +96,4 @@ def _biased_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tenso
     """The float64 oracle with an additive logit bias, in plain autograd so the
     gradient reaches the bias (for finite inputs; the bias-free oracle is the
     one that keeps NaN where the math puts it)."""
-    s = (q.double() @ k.double().transpose(-1, -2)) * scale + bias
-    p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
-    p = torch.where(mask.any(-1, keepdim=True), p, 0.0)  # a row with no key: 0 (not NaN)
-    return (p @ v.double()).to(q.dtype)
+    return (probabilities(q, k, mask, scale, bias) @ v.double()).to(q.dtype)

@@ -16,23 +16,26 @@ from .masked import masked_attention_backward, masked_matmul
 
 def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     """q, k, v: (B, H, N, D); mask: bool broadcastable to (B, H, N, N). Returns (B, H, N, D) float64.
-    Inside ``torch.compile`` it is one custom-op node: its sums over the few
-    non-finite values read the data (``masked_matmul``), which Dynamo cannot trace."""
-    if torch.compiler.is_compiling():
-        return torch.ops.dilcompile.masked_attention_reference(q, k, v, mask, scale)
-    return _Reference.apply(q, k, v, mask, scale)
+    One custom op each way, eager and compiled alike: its sums over the few
+    non-finite values read the data (``masked_matmul``), which Dynamo cannot
+    trace. The backward sums over allowed pairs only: autograd through a plain
+    matmul would carry a NaN query (0 · NaN) into the gradients of every key."""
+    return torch.ops.dilcompile.masked_attention_reference(q, k, v, mask, scale)
 
 
-def _probabilities(q: Tensor, k: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """P (float64) over the allowed pairs; a row with no allowed key is 0."""
+def probabilities(q: Tensor, k: Tensor, mask: Tensor, scale: float, bias: Tensor | None = None) -> Tensor:
+    """P (float64) over the allowed pairs, with an optional additive logit
+    ``bias``; a row with no allowed key is 0."""
     s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
     p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
     return torch.where(mask.any(-1, keepdim=True), p, 0.0)  # empty rows: softmax of all −inf is NaN → 0
 
 
 @torch.library.custom_op("dilcompile::masked_attention_reference", mutates_args=())
 def _reference_op(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    return masked_matmul(_probabilities(q, k, mask, scale), v.double(), mask)
+    return masked_matmul(probabilities(q, k, mask, scale), v.double(), mask)
 
 
 @_reference_op.register_fake
@@ -40,16 +43,10 @@ def _(q, k, v, mask, scale):
     return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float64)
 
 
-def _reference_setup(ctx, inputs, output):
-    q, k, v, mask, scale = inputs
-    ctx.save_for_backward(q, k, v, mask)
-    ctx.scale = scale
-
-
 @torch.library.custom_op("dilcompile::masked_attention_reference_bwd", mutates_args=())
 def _reference_bwd_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
                       scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    p = _probabilities(q, k, mask, scale)
+    p = probabilities(q, k, mask, scale)  # recomputed: the oracle keeps one O(N²) matrix at a time
     grads = masked_attention_backward(q.double(), k.double(), v.double(), p, mask, grad_out.double(), scale)
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
@@ -59,29 +56,15 @@ def _(grad_out, q, k, v, mask, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _reference_backward(ctx, grad_out):
+def _setup(ctx, inputs, output):
+    q, k, v, mask, scale = inputs
+    ctx.save_for_backward(q, k, v, mask)
+    ctx.scale = scale
+
+
+def _backward(ctx, grad_out):
     q, k, v, mask = ctx.saved_tensors
     return *torch.ops.dilcompile.masked_attention_reference_bwd(grad_out, q, k, v, mask, ctx.scale), None, None
 
 
-_reference_op.register_autograd(_reference_backward, setup_context=_reference_setup)
-
-
-class _Reference(torch.autograd.Function):
-    """Its backward sums over allowed pairs only (``masked_matmul``): autograd
-    through a plain matmul would carry a NaN query (0 · NaN) into the key
-    gradients of every key, attended or not."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, scale):
-        q64, k64, v64 = q.double(), k.double(), v.double()
-        p = _probabilities(q64, k64, mask, scale)
-        ctx.save_for_backward(q64, k64, v64, p, mask)
-        ctx.scale, ctx.dtypes = scale, (q.dtype, k.dtype, v.dtype)
-        return masked_matmul(p, v64, mask)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, p, mask = ctx.saved_tensors
-        dq, dk, dv = masked_attention_backward(q, k, v, p, mask, grad_out.double(), ctx.scale)
-        return *(g.to(dtype) for g, dtype in zip((dq, dk, dv), ctx.dtypes)), None, None
+_reference_op.register_autograd(_backward, setup_context=_setup)
