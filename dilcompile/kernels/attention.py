@@ -113,9 +113,12 @@ def attention_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
     if backend == "cuda_flash":
-        empty = q.new_empty(0, dtype=torch.int64)
-        return aten._scaled_dot_product_flash_attention_backward(  # no dropout: rng unused
-            grad_out, q, k, v, out, lse, empty, empty, q.shape[-2], k.shape[-2], 0.0, causal, empty, empty,
+        # cum_seq_q / cum_seq_k as the forward returns them for dense input: undefined (None). A
+        # defined tensor, even empty, selects the varlen kernel (which wants int32 offsets).
+        # No dropout: the rng state is unused.
+        rng = q.new_empty(0, dtype=torch.int64)
+        return aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, None, None, q.shape[-2], k.shape[-2], 0.0, causal, rng, rng,
             scale=scale,
         )
     if backend == "cuda_efficient":

@@ -1,7 +1,7 @@
 """Fused Triton kernels for dilated attention: one launch per branch, no wasted rows.
 
 A branch (w, r) splits each segment of ``w`` positions into ``r`` residue
-classes; head h uses one class, ``off = OFFSETS[h]`` (−1: the head does not use
+classes; head h uses one class, ``off = OFFSETS[BRANCH, h]`` (−1: the head does not use
 the branch, groups mode). Within a segment, the class's queries attend to the
 class's keys, a dense (causal) attention over ``⌈w / r⌉`` positions laid out
 with stride ``r``. So every program owns a tile of *same-class* positions,
@@ -63,21 +63,24 @@ def _int32(H, N, D, w, r):
 
 
 @triton.jit
-def _branch_tile(OFFSETS, H, N, D, w, r, scale, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The prologue every kernel shares: which (batch, head) and which tile of
-    which segment this program owns in branch (w, r).
+def _branch_tile(off, bh, H, N, D, w, r, scale, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The prologue every kernel shares: which tile of which segment this
+    program owns in branch (w, r), for (batch, head) ``bh`` whose class is ``off``.
+
+    It takes no pointer. Inductor's mutation analysis counts every pointer
+    passed to a called function whose results address a store as written:
+    given OFFSETS (as it once was, one row view per branch), Inductor took the
+    table for an output, and its copies of the "mutated" row views read past a
+    buffer — wrong results at LongNet scale (docs/compiler.md). So the kernels
+    load the class themselves, from row BRANCH of the whole (m, H) table.
 
     Returns b; base and lbase, the offsets of the (b, h) slice in the
-    (B, H, N, D) tensors and the (B, H, N) ones; off, the head's class (−1:
-    unused); s0, the segment's start; n_class, its class positions; first,
+    (B, H, N, D) tensors and the (B, H, N) ones; s0, the segment's start; n_class, its class positions; first,
     the tile's first class index, t its class indices, pos = s0 + off + t·r
     and ok = t < n_class; the head-dim lanes d and d_ok; the fp32 scale."""
-    bh = tl.program_id(1).to(tl.int64)
     b = bh // H
-    h = (bh % H).to(tl.int32)
     lbase = bh * N
     base = lbase * D
-    off = tl.load(OFFSETS + h)
     w = tl.minimum(w, N)
     tiles = ((w + r - 1) // r + BLOCK - 1) // BLOCK  # tiles per segment: the largest class
     pid = tl.program_id(0)
@@ -90,7 +93,7 @@ def _branch_tile(OFFSETS, H, N, D, w, r, scale, BLOCK: tl.constexpr, BLOCK_D: tl
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
-    return b, base, lbase, off, s0, n_class, first, t, pos, ok, d, d_ok, scale
+    return b, base, lbase, s0, n_class, first, t, pos, ok, d, d_ok, scale
 
 
 @triton.jit
@@ -111,14 +114,16 @@ def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE, KEEP, OFFSETS, H, N, D, w, r, scale,
+    Q, K, V, O, LSE, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
     H, N, D, w, r = _int32(H, N, D, w, r)
-    b, base, lbase, off, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
-        OFFSETS, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
+    bh = tl.program_id(1).to(tl.int64)  # b·H + h
+    off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
+    b, base, lbase, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
     qk_scale = scale * 1.4426950408889634  # exp2 domain
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         tile = base + rows[:, None].to(tl.int64) * D + d[None, :]
@@ -164,14 +169,16 @@ def _fwd_kernel(
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, H, N, D, w, r, scale,
+    Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
-    b, base, lbase, off, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
-        OFFSETS, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
+    bh = tl.program_id(1).to(tl.int64)  # b·H + h
+    off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
+    b, base, lbase, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
     qk_scale = scale * 1.4426950408889634  # exp2 domain
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         tile = base + rows[:, None].to(tl.int64) * D + d[None, :]
@@ -202,14 +209,16 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, H, N, D, w, r, scale,
+    Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
-    b, base, lbase, off, s0, n_class, first, t, cols, k_ok, d, d_ok, scale = _branch_tile(
-        OFFSETS, H, N, D, w, r, scale, BLOCK_N, BLOCK_D)
+    bh = tl.program_id(1).to(tl.int64)  # b·H + h
+    off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
+    b, base, lbase, s0, n_class, first, t, cols, k_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, w, r, scale, BLOCK_N, BLOCK_D)
     qk_scale = scale * 1.4426950408889634
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         if HAS_KEEP:

@@ -101,7 +101,7 @@ def compile_kernel(config: Config):
             signature[arg] = "*fp32"
         elif arg in ("Q", "K", "V", "DO"):
             signature[arg] = _FLOATS[config.dtype]
-        elif arg in ("H", "N", "D", "w", "r"):
+        elif arg in ("BRANCH", "H", "N", "D", "w", "r"):
             signature[arg] = integer
         elif arg == "scale":
             signature[arg] = "fp64" if config.typing == "inductor" else "fp32"

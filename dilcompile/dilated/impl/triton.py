@@ -65,6 +65,14 @@ def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int
     return dict(meta, BLOCK_D=lanes)
 
 
+def _shape(q: Tensor):
+    """(B, H, N, D) of q with D a plain int: the kernels compile per head dim
+    (BLOCK_D) and the tile choice is cached by it, so a traced D (``dynamic=True``)
+    is specialised here, with a guard; B, H and N stay symbolic."""
+    batch, heads, n, dim = q.shape
+    return batch, heads, n, int(dim)
+
+
 def _programs(w: int, r: int, n, tile: int):
     """Programs of one branch launch: tiles per segment × segments. ``n`` may be
     a SymInt (``sym_min`` adds no guard)."""
@@ -112,17 +120,17 @@ def dilated_forward_triton(
     """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
     One launch per branch, each merging into an fp32 output and the lse."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    batch, heads, n, dim = q.shape
+    batch, heads, n, dim = _shape(q)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
     keep, has_keep = _keep(key_padding_mask, q)
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
-            q, k, v, out, lse, keep, offsets[i], heads, n, dim, w, r, float(scale), **flags,
+            q, k, v, out, lse, keep, offsets, i, heads, n, dim, w, r, float(scale), **flags,
             **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
@@ -135,7 +143,7 @@ def dilated_backward_triton(
     """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse;
     per branch a dq and a dk/dv launch, adding into fp32 buffers."""
     q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
-    batch, heads, n, dim = q.shape
+    batch, heads, n, dim = _shape(q)
     delta = (grad_out.float() * out.float()).sum(-1)  # (B, H, N): Δ = rowsum(dO ∘ O)
     if grad_lse is not None:  # d lse_i / d s_ij = P_ij, so g joins Δ with the opposite sign
         delta = delta - torch.where(lse.isfinite(), grad_lse.float(), torch.zeros_like(delta))
@@ -143,13 +151,13 @@ def dilated_backward_triton(
     lse = lse.float().contiguous()
     dq, dk, dv = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3))
     keep, has_keep = _keep(key_padding_mask, q)
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device).unbind(0)  # per branch
+    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
         grid = (_programs(w, r, n, tile), batch * heads)
-        common = (keep, offsets[i], heads, n, dim, w, r, float(scale))
+        common = (keep, offsets, i, heads, n, dim, w, r, float(scale))
         wrap_triton(_dq_kernel)[grid](q, k, v, grad_out, lse, delta, dq, *common, **flags,
                                       **_launch("dq", tile, dim, q.dtype, arch))
         wrap_triton(_dkdv_kernel)[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
