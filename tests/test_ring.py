@@ -4,14 +4,12 @@ all gradients; the exchange plan; bad input."""
 
 import json
 import os
-import socket
 import traceback
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dilcompile import dilated_attention
 from dilcompile.dilated.geometry import multiplicity, plan_parts
@@ -19,6 +17,8 @@ from dilcompile.distributed import RingDilatedAttention, ring_dilated_attention
 from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import choose_transport, split_sizes
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain
+
+from ranks import free_port, start_ranks
 
 # (shard_lengths, heads, segments, rates, mode): every case runs causal and not.
 CASES = {
@@ -33,12 +33,6 @@ CASES = {
         ((9, 0, 17, 6), 2, (10, 32), (1, 3), "longnet"),  # an empty shard, one 32-row segment across 3 ranks
     ],
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_case(rank, lengths, heads, segments, rates, mode, causal, seed, transport, pass_lengths=True):
@@ -174,13 +168,7 @@ def _worker(rank, world, port, result_dir):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_matches_single_device_reference_with_gradients(world, tmp_path):
-    # Fork (not spawn) after the first custom-op call: the workers inherit the
-    # imported torch and the op machinery instead of paying for both per rank.
-    # Safe on CPU: the workers run one intra-op thread.
-    q = torch.randn(1, 1, 4, 4)
-    dilated_attention(q, q, q, segment_lengths=(2,), dilation_rates=(1,))
-    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True,
-                       start_method="fork")
+    start_ranks(_worker, (world, free_port(), str(tmp_path)), world)
     for rank in range(world):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]

@@ -13,13 +13,12 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dilcompile import dilated_attention
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.agreement import FIELDS, check_agreement, config_row
 
-from test_ring import _free_port
+from ranks import free_port, start_ranks
 
 WORLD, LENGTHS = 2, (12, 12)
 BASE = dict(batch=1, heads=2, head_dim=4, dtype=torch.float64,
@@ -82,9 +81,7 @@ def _worker(rank, port, result_dir):
 
 
 def test_every_rank_raises_the_same_error_naming_what_differs(tmp_path):
-    q = torch.randn(1, 1, 4, 4)  # register the ops before forking (see test_ring)
-    dilated_attention(q, q, q, segment_lengths=(2,), dilation_rates=(1,))
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
+    start_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for report in reports:
         assert report["error"] is None, report["error"]

@@ -12,12 +12,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dilcompile import MultiheadDilatedAttention, compat, create_multihead_attention
 from dilcompile.distributed import RingMultiheadDilatedAttention
 
-from test_ring import _free_port
+from ranks import free_port, start_ranks
 
 WORLD, LENGTHS, E, H = 2, (24, 24), 32, 4
 UNEVEN = (13, 20)  # N = 33: the boundary inside the 16-row segment [16, 32)
@@ -84,9 +83,7 @@ def _worker(rank, port, result_dir):
 
 
 def test_ring_multihead_equals_full_sequence_multihead_with_parameter_gradients(tmp_path):
-    x = torch.randn(1, 4, E, dtype=torch.float64)  # warm the op machinery before forking (as test_ring does)
-    MultiheadDilatedAttention(E, H, (2,), (1,), dtype=torch.float64)(x)
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
+    start_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
     for rank in range(WORLD):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]
