@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -24,6 +25,7 @@ from dilcompile import compiler
 from dilcompile.compiler import explain
 from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import nnz, plan_parts
+from dilcompile.profile.runner import run_script
 
 
 def _median_s(fn, repeats: int, cuda: bool = False) -> float:
@@ -243,4 +245,4 @@ def print_cpu(c: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, "bench_compile"))

@@ -38,7 +38,7 @@ from dilcompile.dilated.geometry import plan_parts  # noqa: E402
 from dilcompile.dilated.impl.decode import pieces  # noqa: E402
 from dilcompile.profile import env as _env  # noqa: E402
 from dilcompile.profile.measure import percentile  # noqa: E402
-from dilcompile.profile.runner import utc_now  # noqa: E402
+from dilcompile.profile.runner import run_script, utc_now  # noqa: E402
 from dilcompile.store import DEFAULT_DB, RunWriter, StoreError  # noqa: E402
 
 LONGNET = dict(segments=(2048, 4096, 8192, 16384, 32768), rates=(1, 2, 4, 6, 12))
@@ -161,4 +161,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_script(main, "bench_decode"))

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dilcompile.cli._util import render, store_path  # noqa: E402
-from dilcompile.profile import from_dict, run_sweep  # noqa: E402
+from dilcompile.profile import from_dict, run_script, run_sweep  # noqa: E402
 from dilcompile.profile.env import resolve_device  # noqa: E402
 from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
 
@@ -205,4 +205,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, "bench_dilated"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +26,7 @@ from dilcompile import block_sparse_attention
 from dilcompile.block_sparse import cache, ops
 from dilcompile.patterns import causal as causal_of
 from dilcompile.patterns import dilated, global_local, local_window, random_blocks, union
+from dilcompile.profile.runner import run_script
 
 PATTERNS = {
     "local_window": local_window(16),
@@ -88,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, "bench_pattern_overhead"))

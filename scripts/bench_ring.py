@@ -56,7 +56,7 @@ from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import split_sizes
 from dilcompile.profile import Point
 from dilcompile.profile import env as _env
-from dilcompile.profile.runner import point_columns, utc_now
+from dilcompile.profile.runner import point_columns, run_script, utc_now
 from dilcompile.store import DEFAULT_DB, RunWriter, StoreError
 
 # Row keys that are not ``measurements`` columns: they go into the row's ``config`` JSON.
@@ -278,4 +278,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, "bench_ring"))

@@ -137,4 +137,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dilcompile.profile.runner import run_script  # Ctrl-C (or the harvest's timeout): one line, exit 130
+
+    sys.exit(run_script(main, "gpu_harvest"))

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from dilcompile.models import LongNetConfig, LongNetDecoder  # noqa: E402
+from dilcompile.profile.runner import run_script  # noqa: E402
 
 CORPUS_GLOBS = ("README.md", "Makefile", "pyproject.toml", "dilcompile/**/*.py", "scripts/*.py", "tests/*.py")
 
@@ -159,4 +160,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, "train_tiny"))

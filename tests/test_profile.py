@@ -234,7 +234,7 @@ def test_sigint_to_a_real_sweep_keeps_rows_and_exits_130(tmp_path):
         seen += child.stderr.read(1)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=300)
-    assert child.returncode == 130, err[-1000:]
+    assert child.returncode == 130, f"stdout: {out[-1500:]}\nstderr: {(seen + err)[-3000:]}"
     assert "Traceback" not in err
     kept = store.query(db, "SELECT count(*) FROM runs WHERE status = 'ok'")[1][0][0]
     assert 1 <= kept < len(lengths)

@@ -8,12 +8,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 _SCRIPT = r"""
 import ctypes, os, sys
 ctypes.CDLL(os.environ["FAKE_CUDA_RUNTIME"], mode=ctypes.RTLD_GLOBAL)  # before torch (fake_gpu's doc)
-import torch
 from ranks import start_ranks
 
 

@@ -205,9 +205,30 @@ class _Progress:
             self.bar.close()
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``run_sweep``; ``rows`` were measured and are in the store at ``db``."""
+
+    def __init__(self, rows: list[dict], db: str):
+        super().__init__(f"{len(rows)} finished rows kept in {db}")
+        self.rows, self.db = rows, db
+
+
+def run_script(main: Callable[[], int | None], prog: str) -> int:
+    """A benchmark script's exit status: ``main()``'s, or 130 (the shell's
+    code for SIGINT) after one line on stderr when Ctrl-C stops it — also
+    while it waits on the GPU — never a traceback."""
+    try:
+        return int(main() or 0)
+    except KeyboardInterrupt as exc:
+        kept = f": {exc}" if isinstance(exc, SweepInterrupted) else ""
+        print(f"{prog}: interrupted{kept}", file=sys.stderr)
+        return 130
+
+
 def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool = True,
               profiler: Profiler | None = None, on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Measure every point of ``spec`` into the store at ``db``; returns the rows written."""
+    """Measure every point of ``spec`` into the store at ``db``; returns the rows
+    written. Ctrl-C raises ``SweepInterrupted`` once the finished rows are stored."""
     points = order_for_baseline(spec.points)
     names = {d: _env.device_name(torch.device(d)) for d in {p.device for p in points}}
     sweep_id = uuid.uuid4().hex
@@ -241,8 +262,14 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
                 on_row(row)
             ms = row.get("latency_ms")
             bar.update(f"{point.variant} N={point.seq_len} " + (f"{ms:.2f} ms" if ms is not None else row["status"]))
+    except KeyboardInterrupt:
+        interrupted = True
+    else:
+        interrupted = False
     finally:
         bar.close()
         profiler.close()
         writer.close()
+    if interrupted:
+        raise SweepInterrupted(rows, db) from None
     return rows
