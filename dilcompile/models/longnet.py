@@ -30,6 +30,7 @@ class LongNetConfig:
     segment_lengths: tuple[int, ...] = (64, 128, 256)  # dilated attention branches (w_i)
     dilation_rates: tuple[int, ...] = (1, 2, 4)  # and their rates (r_i)
     mode: str = "longnet"  # dilated attention mode, see dilcompile.dilated_attention
+    impl: str = "auto"  # dilated attention implementation ("auto", "sdpa", "triton", "reference")
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio · E
     dropout: float = 0.0  # on the embeddings, attention and MLP outputs
 
@@ -65,7 +66,7 @@ class Block(nn.Module):
         super().__init__()
         self.ln_attn = nn.LayerNorm(c.embed_dim)
         self.attn = MultiheadDilatedAttention(c.embed_dim, c.num_heads, c.segment_lengths, c.dilation_rates,
-                                              dropout=c.dropout, mode=c.mode, gamma_init=gamma)
+                                              dropout=c.dropout, mode=c.mode, gamma_init=gamma, impl=c.impl)
         self.ln_mlp = nn.LayerNorm(c.embed_dim)
         self.fc_in = nn.Linear(c.embed_dim, c.mlp_ratio * c.embed_dim)
         self.fc_out = nn.Linear(c.mlp_ratio * c.embed_dim, c.embed_dim)

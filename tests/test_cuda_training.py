@@ -1,0 +1,167 @@
+"""What the first H100 run found silently wrong or never ran: torch.compile
+against eager at LongNet scale (many segments, large grids), and training
+steps — forward, backward, an optimizer step — of every module on CUDA for
+every impl, against float64 (docs/gpu.md, "The CUDA suite")."""
+
+import copy
+
+import pytest
+import torch
+
+from dilcompile import MultiheadDilatedAttention, dilated_attention
+from dilcompile.block_sparse.multihead import MultiheadBlockSparseAttention
+from dilcompile.models import LongNetConfig, LongNetDecoder
+
+pytestmark = pytest.mark.cuda
+
+LONGNET = dict(segment_lengths=(2048, 4096, 8192, 16384, 32768), dilation_rates=(1, 2, 4, 8, 16))
+
+
+def _max_abs(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "triton"])
+@pytest.mark.parametrize("causal, mode", [(False, "longnet"), (True, "longnet"), (False, "groups")])
+def test_compiled_equals_eager_at_longnet_scale_with_gradients(impl, causal, mode):
+    # N = 65536: 32 segments in the first branch, a grid of thousands of programs per launch. Compiled
+    # triton once differed from eager by 0.2 here (the kernels' class table, see triton_dilated.py).
+    # The same kernels run in both: equal up to one rounding of the bf16 output where Inductor fuses
+    # the final cast and the groups-mode 1/m differently.
+    q, k, v = (torch.randn(1, 16, 65536, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn_like(q)
+
+    def f(q, k, v):
+        return dilated_attention(q, k, v, causal=causal, mode=mode, impl=impl, **LONGNET)
+
+    eager = f(q, k, v)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), grad)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    compiled_grads = torch.autograd.grad(compiled, (q, k, v), grad)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (compiled, *compiled_grads), (eager, *eager_grads)):
+        ulp = torch.finfo(torch.bfloat16).eps * b.abs().max().item()
+        assert _max_abs(a, b) <= ulp, (name, _max_abs(a, b), ulp)
+
+
+def _relative(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _training_step(module, inputs, weight):
+    """Loss, its gradients by parameter name, and the input gradients; then an SGD step."""
+    out = module(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    loss = (out.double() * weight).sum()
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters()}
+    with torch.no_grad():
+        for p in module.parameters():
+            p -= 1e-3 * p.grad
+    return loss.item(), grads
+
+
+def _assert_step_matches(make, impls, inputs64, weight):
+    """Each impl's float32 training step on CUDA against the float64 reference
+    module's: float32 arithmetic, so far under 1e-3 (METHOD: 1e-4 relative)."""
+    ref = make("reference", torch.float64)
+    state = copy.deepcopy(ref.state_dict())
+    want_loss, want = _training_step(ref, inputs64, weight)
+    for impl in impls:
+        torch.manual_seed(0)
+        module = make(impl, torch.float32)
+        module.load_state_dict(state)
+        loss, got = _training_step(module, [x.float() if x.is_floating_point() else x for x in inputs64], weight)
+        assert abs(loss - want_loss) <= 1e-4 * abs(want_loss), (impl, loss, want_loss)
+        for name in want:
+            assert _relative(got[name], want[name]) <= 1e-4, (impl, name, _relative(got[name], want[name]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_dilated_training_step_every_impl(causal):
+    x = torch.randn(2, 600, 128, device="cuda", dtype=torch.float64)
+
+    def make(impl, dtype):
+        torch.manual_seed(0)
+        return MultiheadDilatedAttention(128, 4, (128, 256, 512), (1, 2, 4), impl=impl, dtype=dtype, device="cuda")
+
+    class Call(torch.nn.Module):  # is_causal as a keyword
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x, x, x, is_causal=causal)[0]
+
+    _assert_step_matches(lambda impl, dtype: Call(make(impl, dtype)), ("sdpa", "triton", "auto"), [x],
+                         torch.randn(2, 600, 128, device="cuda", dtype=torch.float64))
+
+
+def test_multihead_block_sparse_training_step_every_impl():
+    x = torch.randn(2, 700, 128, device="cuda", dtype=torch.float64)
+
+    class Call(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x, x, x, is_causal=True)[0]
+
+    def make(impl, dtype):
+        torch.manual_seed(0)
+        return Call(MultiheadBlockSparseAttention(128, 4, "local_window(window=100)",
+                                                  impl=impl, block_size=64, dtype=dtype, device="cuda"))
+
+    _assert_step_matches(make, ("flex", "gather", "auto"), [x],
+                         torch.randn(2, 700, 128, device="cuda", dtype=torch.float64))
+
+
+def test_longnet_decoder_training_step_every_impl():
+    idx = torch.randint(0, 97, (2, 512), device="cuda")
+
+    class Loss(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, idx):
+            return self.inner(idx, idx)[1]  # (logits, loss)
+
+    def make(impl, dtype):
+        torch.manual_seed(0)
+        config = LongNetConfig(vocab_size=97, max_seq_len=512, embed_dim=128, num_heads=4,
+                               segment_lengths=(128, 256, 512), dilation_rates=(1, 2, 4), impl=impl)
+        return Loss(LongNetDecoder(config).to(device="cuda", dtype=dtype))
+
+    _assert_step_matches(make, ("sdpa", "triton", "auto"), [idx], torch.ones((), device="cuda", dtype=torch.float64))
+
+
+@pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
+def test_hugging_face_llama_training_step_on_cuda_equals_cpu(attention):
+    # the CPU path is checked against float64 elsewhere; one padded training step on CUDA must agree
+    transformers = pytest.importorskip("transformers")
+    from dilcompile.integrations.transformers import register
+
+    register()
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [64, 128, 256], [1, 2, 4]
+    config.dilcompile_pattern, config.dilcompile_block_size = "local_window(window=64)", 64
+    torch.manual_seed(0)
+    cpu = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attention,
+                                                        dtype=torch.float32).train()
+    cuda = copy.deepcopy(cpu).to("cuda")
+    ids = torch.randint(0, 61, (2, 300))
+    mask = torch.ones(2, 300, dtype=torch.long)
+    mask[1, :37] = 0  # left padding
+    losses, grads = [], []
+    for model, device in ((cpu, "cpu"), (cuda, "cuda")):
+        loss = model(ids.to(device), attention_mask=mask.to(device), labels=ids.to(device), use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert abs(losses[1] - losses[0]) <= 1e-4 * abs(losses[0])
+    for name, g in grads[0].items():
+        assert torch.isfinite(grads[1][name]).all(), name
+        assert _relative(grads[1][name].cpu(), g) <= 1e-4, (name, _relative(grads[1][name].cpu(), g))
