@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from torch import Tensor
 
 from .. import varlen
 from ..checks import check_bool, check_qkv, softmax_scale
-from ..kernels import backend_for
+from ..kernels import HAS_TRITON, backend_for
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_varlen_fwd/bwd)
 from .config import IMPLS, check_branches
@@ -17,7 +15,6 @@ from .dispatch import attend
 
 # Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
 # is first used, by load_triton_ops().
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def load_triton_ops():

@@ -12,24 +12,30 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ...kernels import attention_backward, attention_forward
+from ...kernels import HAS_TRITON, attention_backward, attention_forward
 from ...numerics import accumulator_dtype, finite_or_zero, merge_into
 from ..geometry import Part
 
 
-def _pieces(x: Tensor, part: Part) -> Iterator[Tensor]:
-    """Views of ``x`` (B, H, N, *rest) holding the rows of ``part``, shaped
-    (B, heads, segments, rows, *rest): full segments first, then the short
-    last one. Empty pieces are skipped."""
-    n = x.shape[2]
-    w, r = part.segment, part.rate
-    heads = x[:, part.h0 : part.h1]
-    full = n // w
+def _spans(n: int, part: Part) -> Iterator[tuple[int, int, int]]:
+    """(first segment, segments, segment length) of each piece of ``part``
+    over N = n positions: the full segments, then the short last one; a piece
+    without a row of the part's class is skipped."""
+    w = part.segment
+    full, tail = divmod(n, w)
     if full and part.offset < w:
-        yield heads[:, :, : full * w].unflatten(2, (full, w))[:, :, :, part.offset :: r]
-    tail = n - full * w
+        yield 0, full, w
     if part.offset < tail:
-        yield heads[:, :, full * w :][:, :, part.offset :: r].unsqueeze(2)
+        yield full, 1, tail
+
+
+def _pieces(x: Tensor, part: Part) -> Iterator[Tensor]:
+    """Views of ``x`` (B, H, N, *rest) holding the rows of ``part``, one per
+    ``_spans`` entry, shaped (B, heads, segments, rows, *rest)."""
+    heads = x[:, part.h0 : part.h1]
+    for first, segments, length in _spans(x.shape[2], part):
+        span = heads[:, :, first * part.segment : first * part.segment + segments * length]
+        yield span.unflatten(2, (segments, length))[:, :, :, part.offset :: part.rate]
 
 
 def _batched(view: Tensor) -> Tensor:
@@ -58,6 +64,8 @@ def dilated_forward(
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
     ``key_padding_mask`` (B, N) bool, True = padding, removes those keys.
     Rows no part covers (or whose keys are all padding) get out 0, lse −inf."""
+    if merges_in_one_kernel(q):
+        return _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
@@ -72,6 +80,32 @@ def dilated_forward(
                 ov.copy_(part_out.view(ov.shape))
                 lv.copy_(part_lse.view(lv.shape))
     return out.to(q.dtype), lse
+
+
+def merges_in_one_kernel(q: Tensor) -> bool:
+    """Whether the forward merges its pieces in one Triton kernel
+    (``kernels/triton_merge.py``): on CUDA, for the dtypes whose lse is float32."""
+    return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and HAS_TRITON
+
+
+def _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask):
+    """``dilated_forward`` on CUDA: each piece's attention on strided views of
+    its rows (no gather copy where N is a multiple of the segment), its output
+    kept as the kernel returned it, then one merge over all of them."""
+    from ...kernels.triton_merge import merge_pieces
+
+    n = q.shape[2]
+    pieces = []
+    for part in parts:
+        masks = _key_masks(key_padding_mask, q, part)
+        spans = _spans(n, part)
+        for qv, kv, vv in zip(*(_pieces(t, part) for t in (q, k, v))):
+            first, segments, _ = next(spans)
+            out, lse = attention_forward(*(view.flatten(1, 2) for view in (qv, kv, vv)), causal, scale, next(masks))
+            geometry = (part.segment, part.rate, part.offset, first, segments, qv.shape[3], part.h0,
+                        part.h1 - part.h0)
+            pieces.append((geometry, out.contiguous(), lse.float().contiguous()))
+    return merge_pieces(pieces, q.shape, q.dtype, q.device)
 
 
 def dilated_backward(
