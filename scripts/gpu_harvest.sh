@@ -6,7 +6,7 @@
 #   scripts/gpu_harvest.sh --rehearse OUT_DIR [PART ...]   anywhere: every step that needs no GPU
 #
 # Parts (estimated H100 minutes in docs/gpu.md; each is cut at HARVEST_PART_TIMEOUT seconds):
-#   1 tests       the exactness and contract tests on CUDA (junit.xml + log.txt)
+#   1 tests       the exactness and contract tests on CUDA, 8 workers (junit.xml + log.txt)
 #   2 dilated     bench_dilated (LongNet config, sdpa and triton, best dense backend) + bench_compile on CUDA
 #   3 sparse      bench_block_sparse: every pattern at N=65536, fwd and fwd+bwd; BlockMask build at N=1M
 #   4 std-bf16    the standard sweep's bf16 rows with NVML telemetry
@@ -95,12 +95,13 @@ run_part() {
   local start=$SECONDS
   log "part $k ($name) → $dir" | tee -a "$dir/log.txt"
   case "$k" in
-    1) step "$dir" env DILCOMPILE_TEST_DEVICE=cuda DILCOMPILE_TEST_THREADS=8 "$PY" -m pytest -v -p no:cacheprovider \
+    1) step "$dir" env DILCOMPILE_TEST_DEVICE=cuda DILCOMPILE_TEST_THREADS=2 "$PY" -m pytest -n 8 -v -p no:cacheprovider \
          -o console_output_style=count --timeout=300 --junitxml="$dir/junit.xml" \
          tests/test_dilated.py tests/test_dilated_reference.py tests/test_dilated_compile.py tests/test_triton.py \
-         tests/test_block_sparse.py tests/test_multihead.py tests/test_multihead_block_sparse.py tests/test_varlen.py \
-         tests/test_ring.py tests/test_ring_multihead.py tests/test_profile.py tests/test_telemetry.py \
-         tests/test_compiler_lowering.py ;;
+         tests/test_triton_merge.py tests/test_block_sparse.py tests/test_multihead.py \
+         tests/test_multihead_block_sparse.py tests/test_varlen.py tests/test_ring.py tests/test_ring_multihead.py \
+         tests/test_ring_agreement.py tests/test_profile.py tests/test_telemetry.py tests/test_compiler_lowering.py \
+         tests/test_kernel_arguments.py tests/test_cuda_training.py tests/test_bench_dilated.py ;;
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db"
        step "$dir" "$PY" scripts/bench_compile.py --no-cpu --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 ;;

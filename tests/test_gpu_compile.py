@@ -47,10 +47,10 @@ def _configs() -> list[Config]:
     for kernel in KERNELS:
         for dtype in DTYPES:
             for d in HEAD_DIMS:
-                tiles = tiles_for(d, dtype)
+                tiles = tiles_for(d, dtype, 90, kernel)
                 out += [Config(kernel, dtype, d, t, 90) for t in tiles]
                 out.append(Config(kernel, dtype, d, tiles[0], 90, typing="inductor"))
-                out.append(Config(kernel, dtype, d, tiles[0], 80))
+                out.append(Config(kernel, dtype, d, tiles_for(d, dtype, 80, kernel)[0], 80))
                 if _knows(100):
                     out.append(Config(kernel, dtype, d, tiles[0], 100))
                 if d in (64, 128):

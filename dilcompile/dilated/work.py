@@ -52,44 +52,66 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def tile_cap(head_dim: int, dtype_bytes: int) -> int:
-    """The largest owned tile that compiles without spilling registers
-    (docs/gpu.md, "Compiled for the GPU"): fp32's IEEE dot runs on FMA units
-    and holds more in registers; wide heads hold more per row."""
+def tile_cap(head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> int:
+    """The largest owned tile: without spilling registers (docs/gpu.md,
+    "Compiled for the GPU") and, on Hopper, the fastest timed (docs/gpu.md,
+    "Tile choice"). fp32's IEEE dot runs on FMA units and holds more in
+    registers; wide heads hold more per row, and the backward kernels hold two
+    accumulators (dq/dk, dv) where the forward holds one: at D = 128 a
+    128-row dk/dv tile spills 264 B on sm_90."""
     if dtype_bytes == 4:
         return 32
-    return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
+    if head_dim <= 64 or (head_dim <= 128 and arch == 90 and kernel == "fwd"):
+        return 128
+    return 64 if head_dim <= 128 else 32
 
 
-def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90) -> tuple[int, int]:
+def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90,
+               masked: bool = False) -> tuple[int, int]:
     """(owned, walked): the owned tile and the block the walk loads at a time.
     Before Hopper the backward kernels walk 32 rows: with 64 a 128-row tile
-    spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md). A shorter walk
-    issues no more pairs, so ``branch_tile``'s bound with the forward's holds."""
+    spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md); so do they at
+    D = 128 on Hopper (a 64-row tile walking 64 spills 28 B in dk/dv), and so
+    does the forward's 128-row tile there with a key mask (``masked``: 8 B
+    walking 64). A shorter walk issues no more pairs, so ``branch_tile``'s
+    bound with the forward's holds."""
     if dtype_bytes == 4:
         walk = 16
-    elif head_dim > 64 or (arch < 90 and kernel != "fwd"):
-        walk = 32
+    elif kernel == "fwd":
+        walk = 64 if head_dim <= 64 or (arch >= 90 and not masked) else 32
     else:
-        walk = 64
+        walk = 64 if head_dim <= 64 and arch >= 90 else 32
     return tile, min(tile, walk)
 
 
-def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2) -> int:
+def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90) -> tuple[int, int]:
+    """(warps, pipeline stages) of a kernel owning ``tile`` positions. Timed
+    on an H100 at D = 128, bf16 (docs/gpu.md, "Tile choice"): 128-row tiles,
+    a 64-row walk, 8 warps and 3 stages ran the forward 2.9x and forward +
+    backward 2.45x faster than the 64 / 32 / 4 / 2 that register reports had
+    chosen. Elsewhere warps grow with the tile's area (fewer spills), 2 stages."""
+    lanes = block_d(head_dim)
+    warps = 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2
+    stages = 3 if arch == 90 and dtype_bytes == 2 and 64 < head_dim <= 128 else 2
+    return warps, stages
+
+
+def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2, arch: int = 90,
+                kernel: str = "fwd") -> int:
     """The largest tile that keeps branch (w, r)'s issued work within MAX_WASTE
     of its useful work in every kernel — for a class of ⌈w / r⌉ positions, or
     ⌈N / r⌉ when N < w and N is a number (a traced N is not read: no guard) —
     capped by ``tile_cap``; 16, the smallest MMA tile, when none does."""
     span = min(w, n) if isinstance(n, int) else w
-    return _largest_tile(-(-span // r), head_dim, bool(causal), dtype_bytes)
+    return _largest_tile(-(-span // r), head_dim, bool(causal), dtype_bytes, arch, kernel)
 
 
 @functools.lru_cache(maxsize=4096)  # per launch, on the host: the walk over tiles costs ~0.1 ms
-def _largest_tile(size: int, head_dim: int, causal: bool, dtype_bytes: int) -> int:
-    cap = tile_cap(head_dim, dtype_bytes)
+def _largest_tile(size: int, head_dim: int, causal: bool, dtype_bytes: int, arch: int, kernel: str) -> int:
+    cap = tile_cap(head_dim, dtype_bytes, arch, kernel)
     useful = class_pairs(size, causal)
     for tile in TILES:
-        inner = tile_shape(tile, head_dim, dtype_bytes)[1]
+        inner = tile_shape(tile, head_dim, dtype_bytes, "fwd", arch)[1]
         if tile <= cap and all(class_pairs(size, causal, tile, inner, owner) <= MAX_WASTE * useful
                                for owner in ("query", "key")):
             return tile
@@ -135,7 +157,7 @@ def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, 
     pairs = useful = rows = 0
     classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
     for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
-        tile = branch_tile(w, r, n, head_dim, causal, element_bytes)
+        tile = branch_tile(w, r, n, head_dim, causal, element_bytes, kernel=kernel)
         inner = tile_shape(tile, head_dim, element_bytes, kernel)[1]
         owner = "key" if kernel == "dkdv" else "query"
         span = min(w, n)

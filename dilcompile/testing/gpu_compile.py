@@ -59,11 +59,12 @@ class Report:
         return self.shared_bytes <= SHARED_LIMIT.get(self.config.arch, min(SHARED_LIMIT.values()))
 
 
-def tiles_for(head_dim: int, dtype: str) -> tuple[int, ...]:
-    """The tiles ``work.branch_tile`` can choose for this head dim and dtype."""
+def tiles_for(head_dim: int, dtype: str, arch: int = 90, kernel: str = "_fwd_kernel") -> tuple[int, ...]:
+    """The tiles ``work.branch_tile`` can choose for this head dim, dtype, arch and kernel."""
     from dilcompile.dilated.work import TILES, tile_cap
 
-    return tuple(t for t in TILES if t <= tile_cap(head_dim, 4 if dtype == "fp32" else 2))
+    name = kernel.strip("_").removesuffix("_kernel")
+    return tuple(t for t in TILES if t <= tile_cap(head_dim, 4 if dtype == "fp32" else 2, arch, name))
 
 
 def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
@@ -73,7 +74,7 @@ def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
     pairs = [(c, k) for c in (False, True) for k in (False, True)] if flags else [(True, True)]
     return [Config(kernel, dtype, d, tile, arch, causal, keep, typing)
             for arch in archs for kernel in KERNELS for dtype in DTYPES for d in HEAD_DIMS
-            for tile in tiles_for(d, dtype) for causal, keep in pairs for typing in ("eager", "inductor")]
+            for tile in tiles_for(d, dtype, arch, kernel) for causal, keep in pairs for typing in ("eager", "inductor")]
 
 
 def compile_kernel(config: Config):
@@ -109,7 +110,7 @@ def compile_kernel(config: Config):
             signature[arg] = "constexpr"
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype]
     meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
-                            config.arch)
+                            config.arch, config.has_keep)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
     constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=launcher._precision(dtype))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     configs = matrix(tuple(args.arch), flags=args.all_flags)
     if args.largest:
-        configs = [c for c in configs if c.tile == tiles_for(c.head_dim, c.dtype)[0]]
+        configs = [c for c in configs if c.tile == tiles_for(c.head_dim, c.dtype, c.arch, c.kernel)[0]]
     rows = reports(configs, args.jobs)
     print("| kernel | dtype | D | tile | sm | typing | causal, mask | registers | spill B | stack B | shared B |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

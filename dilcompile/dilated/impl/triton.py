@@ -18,7 +18,7 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
-from ..work import block_d, branch_tile, branches, tile_shape
+from ..work import block_d, branch_tile, branches, launch_shape, tile_shape
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -51,18 +51,16 @@ def _arch(q: Tensor) -> int:
     return 10 * major + minor
 
 
-def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
+def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90, masked: bool = False) -> dict:
     """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") on compute
     capability ``arch`` for a branch whose programs own ``tile`` positions
-    (``work.tile_shape``)."""
-    lanes = block_d(head_dim)
-    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch)
+    (``work.tile_shape``), with a key mask or not."""
+    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch, masked)
     meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
     if not interpreting():
-        # warps by tile area: fewer spill (ptxas's report, tests/test_gpu_compile.py)
-        warps = 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2
-        meta.update(num_warps=warps, num_stages=2)
-    return dict(meta, BLOCK_D=lanes)
+        warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch)
+        meta.update(num_warps=warps, num_stages=stages)
+    return dict(meta, BLOCK_D=block_d(head_dim))
 
 
 def _shape(q: Tensor):
@@ -128,10 +126,10 @@ def dilated_forward_triton(
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
-        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
+        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, out, lse, keep, offsets, i, heads, n, dim, w, r, float(scale), **flags,
-            **_launch("fwd", tile, dim, q.dtype, arch))
+            **_launch("fwd", tile, dim, q.dtype, arch, has_keep))
     return out.to(q.dtype), lse
 
 
@@ -155,13 +153,15 @@ def dilated_backward_triton(
     flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
-        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize)
-        grid = (_programs(w, r, n, tile), batch * heads)
         common = (keep, offsets, i, heads, n, dim, w, r, float(scale))
-        wrap_triton(_dq_kernel)[grid](q, k, v, grad_out, lse, delta, dq, *common, **flags,
-                                      **_launch("dq", tile, dim, q.dtype, arch))
-        wrap_triton(_dkdv_kernel)[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
-                                        **_launch("dkdv", tile, dim, q.dtype, arch))
+        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
+        wrap_triton(_dq_kernel)[(_programs(w, r, n, tile), batch * heads)](
+            q, k, v, grad_out, lse, delta, dq, *common, **flags,
+            **_launch("dq", tile, dim, q.dtype, arch, has_keep))
+        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
+        wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile), batch * heads)](
+            q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
+            **_launch("dkdv", tile, dim, q.dtype, arch, has_keep))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

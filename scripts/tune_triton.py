@@ -1,0 +1,199 @@
+"""Time the fused dilated Triton kernels under other tile / walk / warp / stage
+choices on this GPU: the evidence behind ``dilated/work.py``'s ``tile_cap``,
+``tile_shape`` and ``launch_shape`` (docs/gpu.md, "Tile choice").
+
+    python scripts/tune_triton.py --out runs/tiles.jsonl           # on a GPU
+    python scripts/tune_triton.py --dims 128 --n 65536 --rounds 2
+
+Each candidate (kernel, owned tile, walk, warps, stages) launches one kernel
+over every branch of the LongNet configuration (B = 1, H = 16, bf16) exactly
+as the launcher does; candidates are timed in interleaved rounds (A, B, …,
+A, B, …) with CUDA events (median of triton's do_bench), and each one's
+result is compared with the launcher's current choice (equal up to the fp32
+summation order). Compiling takes most of the time: ``--prewarm J`` first
+compiles every candidate in J processes at a small N with the same
+specialisations, which fill triton's cache for the timed run. Rows go to
+``--out`` as JSON lines (one per candidate and round) and a table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from dilcompile.profile.runner import run_script  # noqa: E402
+
+SEGMENTS, RATES = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]  # --rehearse shrinks them
+
+# (owned tile, walk, warps, stages) per kernel and head dim: the launcher's current choice is added to each
+CANDIDATES = {
+    128: {"fwd": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)],
+          "dq": [(64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
+          "dkdv": [(64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3),
+                   (64, 32, 4, 3)]},
+    64: {"fwd": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
+         "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)],
+         "dkdv": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]},
+}
+DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
+
+
+def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
+    from dilcompile.dilated.impl.triton import dilated_forward_triton
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(1, heads, n, dim, device=device, dtype=dtype, generator=gen) for _ in range(4))
+    out, lse = dilated_forward_triton(q, k, v, list(SEGMENTS), list(RATES), "longnet", False, dim ** -0.5)
+    delta = (do.float() * out.float()).sum(-1).contiguous()
+    return dict(q=q, k=k, v=v, do=do, lse=lse.contiguous(), delta=delta)
+
+
+def _launcher(kernel: str, config, t: dict, dim: int):
+    """A function that runs ``kernel`` over every branch with ``config`` (None:
+    the launcher's own choice) into fresh fp32 buffers and returns them."""
+    from dilcompile.dilated.impl import triton as launcher
+    from dilcompile.dilated.work import branch_tile, branches
+    from dilcompile.kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
+
+    q = t["q"]
+    _, heads, n, _ = q.shape
+    offsets = launcher._offset_table(heads, list(SEGMENTS), list(RATES), "longnet", q.device)
+    keep = q.new_empty(1, dtype=torch.int8)
+    flags = dict(HAS_KEEP=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
+    arch = launcher._arch(q)
+    fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
+
+    def meta(w, r):
+        if config is None:
+            tile = branch_tile(w, r, n, dim, False, q.dtype.itemsize, arch, kernel)
+            return tile, launcher._launch(kernel, tile, dim, q.dtype, arch)
+        owned, walk, warps, stages = config
+        blocks = dict(BLOCK_M=walk, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walk)
+        return owned, dict(blocks, BLOCK_D=launcher.block_d(dim), num_warps=warps, num_stages=stages)
+
+    plans = [(i, w, r, *meta(w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
+
+    def run():
+        outs = [torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(2 if kernel == "dkdv"
+                                                                                        else 1)]
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        for i, w, r, tile, m in plans:
+            grid = (launcher._programs(w, r, n, tile), heads)
+            common = (keep, offsets, i, heads, n, dim, w, r, dim ** -0.5)
+            if kernel == "fwd":
+                fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **flags, **m)
+            else:
+                fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **flags, **m)
+        return outs
+
+    return run
+
+
+def _useful_flops(kernel: str, n: int, heads: int, dim: int) -> float:
+    from dilcompile.dilated.work import kernel_work
+
+    return 2.0 * DOTS[kernel] * kernel_work(kernel, 1, heads, n, dim, SEGMENTS, RATES).useful_pairs * dim
+
+
+def _jobs(dims):
+    return [(dim, kernel, config) for dim in dims for kernel in ("fwd", "dq", "dkdv")
+            for config in [None] + CANDIDATES[dim][kernel]]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=65536)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=sorted(CANDIDATES))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prewarm", type=int, default=0, metavar="J", help="compile first in J processes")
+    p.add_argument("--compile-only", metavar="I/J", help="(internal) compile every J-th job from I, at small N")
+    p.add_argument("--out", type=Path, help="JSON lines, one per candidate and round")
+    p.add_argument("--rehearse", action="store_true",
+                   help="no GPU: every step at a tiny N under TRITON_INTERPRET=1, timed by the wall clock")
+    args = p.parse_args(argv)
+    device = "cpu" if args.rehearse else "cuda"
+    if args.rehearse:
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("tune_triton: --rehearse needs TRITON_INTERPRET=1 set before triton is imported", file=sys.stderr)
+            return 2
+        args.n, args.heads, args.dims, args.prewarm = 192, 2, [64], 0
+        SEGMENTS[:], RATES[:] = [64, 128], [1, 2]
+    elif not torch.cuda.is_available():
+        print("tune_triton: needs a CUDA GPU (or --rehearse)", file=sys.stderr)
+        return 2
+    import triton
+    import triton.testing
+
+    def bench(run):
+        if args.rehearse:
+            start = time.perf_counter()
+            run()
+            return (time.perf_counter() - start) * 1e3
+        return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+
+    jobs = _jobs(args.dims)
+    if args.compile_only:
+        first, step = map(int, args.compile_only.split("/"))
+        for dim in args.dims:  # N = 4096 specialises as 65536 does (both multiples of 16)
+            t = _inputs(4096, dim, args.heads, torch.bfloat16)
+            for d, kernel, config in jobs[first::step]:
+                if d == dim:
+                    _launcher(kernel, config, t, dim)()
+        torch.cuda.synchronize()
+        return 0
+    if args.prewarm:
+        start = time.time()
+        procs = [subprocess.Popen([sys.executable, __file__, "--compile-only", f"{i}/{args.prewarm}", "--dims",
+                                   *map(str, args.dims), "--heads", str(args.heads)]) for i in range(args.prewarm)]
+        failed = [proc.wait() for proc in procs]
+        print(f"prewarm: {len(jobs)} candidates compiled in {time.time() - start:.0f} s (exit {failed})",
+              file=sys.stderr)
+    dtype = torch.float32 if args.rehearse else torch.bfloat16  # the interpreter's bf16 dot is wrong
+    inputs = {dim: _inputs(args.n, dim, args.heads, dtype, device) for dim in args.dims}
+    runs = {job: _launcher(job[1], job[2], inputs[job[0]], job[0]) for job in jobs}
+    results = {job: run() for job, run in runs.items()}  # compile (or load), then check
+    errors = {}
+    for dim, kernel, config in jobs:  # against the launcher's own choice: only the summation order differs
+        want, got = results[(dim, kernel, None)], results[(dim, kernel, config)]
+        errors[(dim, kernel, config)] = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
+    rows = []
+    for round_ in range(args.rounds):
+        for job, run in runs.items():
+            dim, kernel, config = job
+            ms = bench(run)
+            flops = _useful_flops(kernel, args.n, args.heads, dim)
+            row = dict(device="cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(),
+                       torch=torch.__version__, triton=triton.__version__, n=args.n, heads=args.heads,
+                       head_dim=dim, dtype=str(dtype).removeprefix("torch."), kernel=kernel,
+                       config="launcher" if config is None else "/".join(map(str, config)), round=round_, ms=ms,
+                       useful_tflops=flops / ms / 1e9, rel_err_vs_launcher=errors[job])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    best = {}
+    for r in rows:
+        key = (r["head_dim"], r["kernel"], r["config"])
+        best[key] = min(best.get(key, float("inf")), r["ms"])
+    print(f"\n{'D':>4} {'kernel':>6} {'owned/walk/warps/stages':>24} {'best ms':>9} {'TFLOP/s':>8}")
+    for (dim, kernel, config), ms in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1])):
+        tflops = _useful_flops(kernel, args.n, args.heads, dim) / ms / 1e9
+        print(f"{dim:>4} {kernel:>6} {config:>24} {ms:9.3f} {tflops:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, "tune_triton"))
