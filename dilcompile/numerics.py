@@ -70,9 +70,14 @@ def softmax_attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float,
     dtype; a row with no key has out 0 and lse −inf.
     """
     s = _scores(q, k, scale, mask)
-    lse = s.logsumexp(-1)
-    p = (s - finite_or_zero(lse)[..., None]).exp()
-    return (p @ v.to(s.dtype)).to(q.dtype), lse
+    top = finite_or_zero(s.amax(-1, keepdim=True))  # a row with no key: −inf → 0, so P = 0, not NaN
+    p = (s - top).exp()
+    total = p.sum(-1, keepdim=True)
+    # normalised by the sum itself, as softmax and the flash kernels do: exp(s − lse) carries the
+    # rounding of lse (ulp(|lse|)) into every weight of the row, and the backward's Δ = rowsum(dO ∘ O)
+    # with it; the gradients came out at 2-4x plain softmax's error (docs/numerics.md)
+    out = (p @ v.to(s.dtype)) / torch.where(total == 0, torch.ones_like(total), total)
+    return out.to(q.dtype), (top + total.log()).squeeze(-1)
 
 
 def softmax_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

@@ -7,7 +7,8 @@ produce, with the heaviest flags (causal, key mask) and eager typing; with
 torch.compile's typing (scale fp64, integers i64) and on sm_80 and sm_100
 (when this triton targets it) the largest tile of each; the lighter flag
 pairs on sm_90 at head dims 64 and 128. Budgets: half precision spills
-nothing on sm_90 and at most 16 B elsewhere, fp32 at most 1 KB, shared memory within the
+nothing on sm_90 (but the configurations timed fastest on an H100 with spills, at most
+512 B) and at most 16 B elsewhere, fp32 at most 1 KB, shared memory within the
 device's limit, and only the entry cast of an fp64 scale is fp64."""
 
 import json
@@ -20,6 +21,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from dilcompile.dilated.work import timed_config  # noqa: E402
 from dilcompile.testing.gpu_compile import DTYPES, HEAD_DIMS, KERNELS, SHARED_LIMIT, Config, tiles_for  # noqa: E402
 
 _SCRIPT = """
@@ -72,6 +74,9 @@ def test_kernels_compile_for_the_gpu_within_budgets():
     for r in rows:
         half = r["dtype"] != "fp32"
         spill_budget = (0 if r["arch"] == 90 else 16) if half else 1024  # 16 B: a few words, in L1
+        timed = timed_config(r["head_dim"], 2 if half else 4, r["arch"], r["kernel"].strip("_").removesuffix("_kernel"))
+        if timed is not None and r["tile"] == timed[0]:
+            spill_budget = 512  # timed fastest on an H100 with these spills (work.HOPPER_HALF, docs/gpu.md)
         found = [f"spills {r['spill']} B" for _ in [0] if r["spill"] > spill_budget] + \
             [f"shared {r['shared']} B" for _ in [0] if r["shared"] > SHARED_LIMIT[r["arch"]]] + \
             [f"{r['fp64']} fp64 instructions" for _ in [0] if r["fp64"] > (2 if r["typing"] == "inductor" else 0)]

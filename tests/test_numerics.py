@@ -278,3 +278,23 @@ def test_scale_accepts_any_positive_real():
     for scale in (np.float32(0.5), 0.5, 1 / 2):
         assert max_err(dilated_attention(q, k, v, scale=scale, **kw), want) == 0
         DilatedAttentionConfig((4,), (1,), scale=scale)
+
+
+def test_explicit_softmax_forward_is_a_convex_combination_whatever_the_logits():
+    # The explicit forward (CUDA's path with a key mask, block-sparse gather on CUDA) weighted the values
+    # by exp(s − lse): the rounding of lse (ulp(|lse|), 6e-5 at logits near 1000) scaled every weight of
+    # the row, and through Δ = rowsum(dO ∘ O) the gradients came out at up to 4x plain softmax's error in
+    # float32 on an H100. Normalised by the sum, as softmax does, a row of equal values stays exact.
+    from dilcompile.numerics import softmax_attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 50, 16, generator=gen) * 0.3
+    k = torch.randn(2, 3, 60, 16, generator=gen) * 0.3
+    q[..., 0] = k[..., 0] = 1000 ** 0.5  # logits 1000 + O(1): flat rows, far from 0
+    v = torch.ones(2, 3, 60, 16)
+    mask = torch.rand(50, 60, generator=gen) < 0.7
+    out, lse = softmax_attention_forward(q, k, v, 1.0, mask)
+    assert lse.abs().max() > 500  # logits where ulp(lse) is large
+    has_key = mask.any(-1)[:, None].expand(2, 3, 50, 16)
+    assert (out[has_key] - 1).abs().max() <= 4 * torch.finfo(torch.float32).eps
+    assert (out[~has_key] == 0).all() and lse[..., ~mask.any(-1)].isneginf().all()

@@ -1,6 +1,7 @@
 """The profiler: sweeps, useful FLOPs, measurement, η, error rows, Ctrl-C."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -225,7 +226,9 @@ def test_sigint_to_a_real_sweep_keeps_rows_and_exits_130(tmp_path):
         cmd += ["--seq-len", n]
     # As from a shell: SIGINT at its default. A child inherits an ignored SIGINT, and something in a
     # full test session leaves it ignored in this process (the child then ran every point, exit 0).
-    child = subprocess.Popen(cmd, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    # The child finds what this process finds (duckdb may come from PYTHONPATH, as on the GPU machines).
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    child = subprocess.Popen(cmd, cwd=root, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""

@@ -113,7 +113,7 @@ def test_a_shorter_walk_issues_no_more_pairs():
 def test_tile_rule():
     assert branch_tile(2048, 1, 65536, 64, causal=True) == 128  # (2048 + 128) / 2049 ≤ 1.1
     assert branch_tile(2048, 1, 65536, 128, causal=True) == 128  # Hopper's forward: timed (docs/gpu.md)
-    assert branch_tile(2048, 1, 65536, 128, causal=True, kernel="dkdv") == 64  # register cap: two accumulators
+    assert branch_tile(2048, 1, 65536, 64, causal=True, kernel="dkdv") == 64  # timed: 1.1x the 128-row tile
     assert branch_tile(2048, 1, 65536, 128, causal=True, arch=80) == 64  # register cap before Hopper
     assert branch_tile(256, 1, 4096, 64, causal=True) == 16  # a 32-tile would waste 12%
     assert branch_tile(256, 1, 4096, 64, causal=False) == 128  # no diagonal: whole tiles

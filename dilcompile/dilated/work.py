@@ -52,48 +52,64 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+# Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages) timed fastest on
+# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
+# runs/h100-2026-11-27-tiles/): at D = 128 1.0x / 2.3x / 2.1x the forward / dq / dk-dv of the choice
+# ptxas register reports had made, at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the
+# heaviest flag variants) and are still the fastest: docs/gpu.md, "Tile choice".
+HOPPER_HALF = {
+    64: {"fwd": (128, 64, 4, 3), "dq": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3)},
+    128: {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (128, 64, 8, 3)},
+}
+
+
+def timed_config(head_dim: int, dtype_bytes: int, arch: int, kernel: str) -> tuple[int, int, int, int] | None:
+    """``HOPPER_HALF``'s entry for this kernel, or None where nothing was timed."""
+    if arch != 90 or dtype_bytes != 2:
+        return None
+    return HOPPER_HALF.get(block_d(head_dim), {}).get(kernel)
+
+
 def tile_cap(head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> int:
-    """The largest owned tile: without spilling registers (docs/gpu.md,
-    "Compiled for the GPU") and, on Hopper, the fastest timed (docs/gpu.md,
-    "Tile choice"). fp32's IEEE dot runs on FMA units and holds more in
-    registers; wide heads hold more per row, and the backward kernels hold two
-    accumulators (dq/dk, dv) where the forward holds one: at D = 128 a
-    128-row dk/dv tile spills 264 B on sm_90."""
+    """The largest owned tile: the timed one (``HOPPER_HALF``), else the
+    largest that compiles without spilling registers (docs/gpu.md, "Compiled
+    for the GPU"): fp32's IEEE dot runs on FMA units and holds more in
+    registers; wide heads hold more per row."""
+    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
+    if timed is not None:
+        return timed[0]
     if dtype_bytes == 4:
         return 32
-    if head_dim <= 64 or (head_dim <= 128 and arch == 90 and kernel == "fwd"):
-        return 128
-    return 64 if head_dim <= 128 else 32
+    return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
 
 
-def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90,
-               masked: bool = False) -> tuple[int, int]:
-    """(owned, walked): the owned tile and the block the walk loads at a time.
-    Before Hopper the backward kernels walk 32 rows: with 64 a 128-row tile
-    spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md); so do they at
-    D = 128 on Hopper (a 64-row tile walking 64 spills 28 B in dk/dv), and so
-    does the forward's 128-row tile there with a key mask (``masked``: 8 B
-    walking 64). A shorter walk issues no more pairs, so ``branch_tile``'s
-    bound with the forward's holds."""
-    if dtype_bytes == 4:
+def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90) -> tuple[int, int]:
+    """(owned, walked): the owned tile and the block the walk loads at a time:
+    the timed walk for the timed tile. Untimed, before Hopper the backward kernels walk 32 rows: with 64 a
+    128-row tile spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md). A
+    shorter walk issues no more pairs, so ``branch_tile``'s bound with the
+    forward's holds."""
+    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
+    if timed is not None and tile == timed[0]:
+        walk = timed[1]
+    elif dtype_bytes == 4:
         walk = 16
-    elif kernel == "fwd":
-        walk = 64 if head_dim <= 64 or (arch >= 90 and not masked) else 32
+    elif head_dim > 64 or (arch < 90 and kernel != "fwd"):
+        walk = 32
     else:
-        walk = 64 if head_dim <= 64 and arch >= 90 else 32
+        walk = 64
     return tile, min(tile, walk)
 
 
-def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90) -> tuple[int, int]:
-    """(warps, pipeline stages) of a kernel owning ``tile`` positions. Timed
-    on an H100 at D = 128, bf16 (docs/gpu.md, "Tile choice"): 128-row tiles,
-    a 64-row walk, 8 warps and 3 stages ran the forward 2.9x and forward +
-    backward 2.45x faster than the 64 / 32 / 4 / 2 that register reports had
-    chosen. Elsewhere warps grow with the tile's area (fewer spills), 2 stages."""
+def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> tuple[int, int]:
+    """(warps, pipeline stages) of a kernel owning ``tile`` positions: the
+    timed ones for the timed tile, else warps growing with the tile's area
+    (fewer spills) and 2 stages."""
+    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
+    if timed is not None and tile == timed[0]:
+        return timed[2], timed[3]
     lanes = block_d(head_dim)
-    warps = 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2
-    stages = 3 if arch == 90 and dtype_bytes == 2 and 64 < head_dim <= 128 else 2
-    return warps, stages
+    return 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2, 2
 
 
 def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2, arch: int = 90,

@@ -110,7 +110,7 @@ def compile_kernel(config: Config):
             signature[arg] = "constexpr"
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype]
     meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
-                            config.arch, config.has_keep)
+                            config.arch)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
     constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=launcher._precision(dtype))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte

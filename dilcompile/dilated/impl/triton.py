@@ -51,14 +51,14 @@ def _arch(q: Tensor) -> int:
     return 10 * major + minor
 
 
-def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90, masked: bool = False) -> dict:
+def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
     """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") on compute
     capability ``arch`` for a branch whose programs own ``tile`` positions
-    (``work.tile_shape``), with a key mask or not."""
-    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch, masked)
+    (``work.tile_shape``, ``work.launch_shape``)."""
+    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch)
     meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
     if not interpreting():
-        warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch)
+        warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch, kernel)
         meta.update(num_warps=warps, num_stages=stages)
     return dict(meta, BLOCK_D=block_d(head_dim))
 
@@ -129,7 +129,7 @@ def dilated_forward_triton(
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, out, lse, keep, offsets, i, heads, n, dim, w, r, float(scale), **flags,
-            **_launch("fwd", tile, dim, q.dtype, arch, has_keep))
+            **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
 
@@ -157,11 +157,11 @@ def dilated_backward_triton(
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
         wrap_triton(_dq_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, grad_out, lse, delta, dq, *common, **flags,
-            **_launch("dq", tile, dim, q.dtype, arch, has_keep))
+            **_launch("dq", tile, dim, q.dtype, arch))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
         wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile), batch * heads)](
             q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
-            **_launch("dkdv", tile, dim, q.dtype, arch, has_keep))
+            **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
