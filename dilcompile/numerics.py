@@ -70,7 +70,10 @@ def softmax_attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float,
     dtype; a row with no key has out 0 and lse −inf.
     """
     s = _scores(q, k, scale, mask)
-    top = finite_or_zero(s.amax(-1, keepdim=True))  # a row with no key: −inf → 0, so P = 0, not NaN
+    if s.shape[-1] == 0:  # no key at all (amax refuses an empty dim): every row is empty
+        top = s.new_zeros(s.shape[:-1] + (1,))
+    else:
+        top = finite_or_zero(s.amax(-1, keepdim=True))  # a row with no key: −inf → 0, so P = 0, not NaN
     p = (s - top).exp()
     total = p.sum(-1, keepdim=True)
     # normalised by the sum itself, as softmax and the flash kernels do: exp(s − lse) carries the

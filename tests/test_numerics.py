@@ -298,3 +298,11 @@ def test_explicit_softmax_forward_is_a_convex_combination_whatever_the_logits():
     has_key = mask.any(-1)[:, None].expand(2, 3, 50, 16)
     assert (out[has_key] - 1).abs().max() <= 4 * torch.finfo(torch.float32).eps
     assert (out[~has_key] == 0).all() and lse[..., ~mask.any(-1)].isneginf().all()
+
+
+def test_explicit_softmax_forward_with_no_key_at_all():
+    # a block-sparse padded row whose every key is a pad reached it on CUDA with zero keys
+    from dilcompile.numerics import softmax_attention_forward
+
+    out, lse = softmax_attention_forward(torch.randn(2, 3, 5, 4), torch.randn(2, 3, 0, 4), torch.randn(2, 3, 0, 4), 0.5)
+    assert out.shape == (2, 3, 5, 4) and (out == 0).all() and lse.shape == (2, 3, 5) and lse.isneginf().all()

@@ -83,6 +83,19 @@ def test_sampler_falls_back_to_power_integration_and_old_reason_name():
     assert all(x["throttle_reasons"] in (1, 4) for x in result.samples)
 
 
+def test_a_window_shorter_than_the_energy_counters_step_integrates_power():
+    # On an H100 a 4096-token forward's window read 0 J from the counter (it advances in steps)
+    nvml = fake_nvml()
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda h: 1_000_000  # never moves within the window
+    s = Sampler(0, "GPU-abc", interval=1e-4, nvml=nvml, host=False)
+    s.start()
+    result = s.stop()
+    assert result.status == "ok (energy from power samples)"
+    pts = [(x["t_s"], x["power_w"]) for x in result.samples]
+    assert len(pts) >= 2 and result.energy_j > 0
+    assert result.energy_j == pytest.approx(sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:])))
+
+
 def test_without_nvml_the_status_says_why_and_nothing_fails(monkeypatch):
     s = Sampler(0, None, nvml=fake_nvml(init_error=RuntimeError("NVML Shared Library Not Found")), host=False)
     assert s.status == "unavailable: NVML failed: NVML Shared Library Not Found"

@@ -208,7 +208,9 @@ class Sampler:
         if self._nvml is not None:
             self._sample(None)  # a last GPU reading at the window's end
         status, energy = self.status, None
-        if self._energy0 is not None and energy1 is not None:
+        # The counter advances in steps (tens of ms on an H100): a window that short reads 0 J from it,
+        # so it counts only once it moved; else the power samples (one at each end at least) are integrated.
+        if self._energy0 is not None and energy1 is not None and energy1 > self._energy0:
             energy = (energy1 - self._energy0) / 1000.0
         elif self._nvml is not None:
             pts = [(s["t_s"], s["power_w"]) for s in self.samples if s.get("power_w") is not None]
