@@ -109,12 +109,17 @@ def test_large_logit_limit_fp32_gradients_and_the_float64_remedy():
 
 # -- non-finite inputs stay where the math puts them ------------------------------------------------
 
+def _device_for(impl: str) -> str:
+    """The Triton kernels run on CUDA where there is one, else in the interpreter on CPU (conftest)."""
+    return "cuda" if impl == "triton" and torch.cuda.is_available() else "cpu"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("impl", ["reference", "sdpa", "triton"])
 def test_a_nan_reaches_exactly_the_rows_that_attend_it(impl, where, causal):
     heads, n, segments, rates = 4, 256, (64, 128), (1, 2)
-    q, k, v = (t.float() for t in random_qkv(1, heads, n, 16, seed=0))
+    q, k, v = (t.float().to(_device_for(impl)) for t in random_qkv(1, heads, n, 16, seed=0))
     dict(q=q, k=k, v=v)[where][0, 1, 100, 3] = float("nan")
     count = multiplicity(plan_parts(heads, segments, rates), heads, n, causal)
     if where == "q":
@@ -123,6 +128,7 @@ def test_a_nan_reaches_exactly_the_rows_that_attend_it(impl, where, causal):
         expect = count[1, :, 100] > 0  # the rows of head 1 that attend key 100
     out, lse = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, impl=impl,
                                  return_lse=True)
+    out, lse = out.cpu(), lse.cpu()
     nan_rows = out[0, 1].isnan().any(-1)
     if where == "v" and (impl == "triton" or (impl == "sdpa" and causal)):
         # Fast-path limit (docs/numerics.md): a NaN value may also reach rows that
@@ -145,8 +151,8 @@ def test_a_key_removed_by_key_mask_reaches_no_row_whatever_it_holds(impl, causal
     took −inf + NaN = NaN and 0 · NaN, and every row of the batch element turned NaN)."""
     n, segments, rates = 256, (64, 128), (1, 2)
     dtype, tol = (torch.float32, 2e-6) if impl == "triton" else (torch.float64, 1e-10)  # triton: half/fp32 only
-    q, k, v = random_qkv(2, 4, n, 16, seed=1, dtype=dtype)
-    removed = torch.zeros(2, n, dtype=torch.bool)
+    q, k, v = (t.to(_device_for(impl)) for t in random_qkv(2, 4, n, 16, seed=1, dtype=dtype))
+    removed = torch.zeros(2, n, dtype=torch.bool, device=q.device)
     removed[0, [3, 100]], removed[1, [5, 255]] = True, True
     k[0, :, 3], v[0, :, 100], k[1, :, 5], v[1, :, 255] = float("nan"), float("nan"), float("inf"), -float("inf")
     kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, key_mask=removed)

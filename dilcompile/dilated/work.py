@@ -53,8 +53,7 @@ def block_d(head_dim: int) -> int:
 
 
 # Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages) timed fastest on
-# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
-# runs/h100-2026-11-27-tiles/): at D = 128 1.0x / 2.3x / 2.1x the forward / dq / dk-dv of the choice
+# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in runs/h100-80gb-tune/): at D = 128 1.0x / 2.3x / 2.1x the forward / dq / dk-dv of the choice
 # ptxas register reports had made, at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the
 # heaviest flag variants) and are still the fastest: docs/gpu.md, "Tile choice".
 HOPPER_HALF = {
