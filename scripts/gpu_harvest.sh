@@ -101,7 +101,7 @@ run_part() {
          tests/test_triton_merge.py tests/test_block_sparse.py tests/test_multihead.py \
          tests/test_multihead_block_sparse.py tests/test_varlen.py tests/test_ring.py tests/test_ring_multihead.py \
          tests/test_ring_agreement.py tests/test_profile.py tests/test_telemetry.py tests/test_compiler_lowering.py \
-         tests/test_kernel_arguments.py tests/test_cuda_training.py tests/test_bench_dilated.py ;;
+         tests/test_kernel_arguments.py tests/test_cuda_training.py tests/test_bench_dilated.py tests/test_numerics.py ;;
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db"
        step "$dir" "$PY" scripts/bench_compile.py --no-cpu --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 ;;
