@@ -289,3 +289,30 @@ def test_training_gradients_equal_the_sum_over_sequences_alone(impl, layout):
     want = [sum(parts) for parts in zip(*(grads(model(s[None]).logits[0]) for s in seqs))]
     for name, g, w in zip((n for n, _ in model.named_parameters()), got, want):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("impl", ["dilcompile_dilated", "dilcompile_block_sparse"])
+def test_inductor_serving_under_no_grad_fullgraph_with_the_cache(impl):
+    """How models are served: Inductor, fullgraph=True, eval, torch.no_grad, the KV cache on. It failed
+    both ways — Inductor ran the runtime branch's subgraph on operands in other strides than it compiled
+    ("expected ... stride 2560==32"), and with use_cache Dynamo lost the cache layers' attributes
+    ("'DynamicLayer' object has no attribute 'dtype'"). Padded and packed rows, logits and the cache:
+    compiled moves them from eager no more than 2 × sdpa's move (Inductor rounds Llama's float32 rotary
+    tables differently, see above)."""
+    seqs = [_tokens(60 + i, n) for i, n in enumerate([13, 9, 11])]
+    ids, mask = _padded(seqs, "left")
+    real = mask.bool()
+    docs = _documents(5)
+    packed, positions = torch.cat(docs)[None], torch.cat([torch.arange(len(d)) for d in docs])[None]
+    moved = {}
+    for name in (impl, "sdpa"):
+        torch._dynamo.reset()
+        model = _llama(name)
+        compiled = torch.compile(model, fullgraph=True)
+        with torch.no_grad():
+            got, want = (m(ids, attention_mask=mask, use_cache=True) for m in (compiled, model))
+            pairs = [(got.logits[real], want.logits[real])]
+            pairs += [(got.past_key_values.layers[i].keys, want.past_key_values.layers[i].keys) for i in range(2)]
+            pairs += [tuple(m(packed, position_ids=positions, use_cache=False).logits for m in (compiled, model))]
+        moved[name] = max((a - b).abs().max().item() for a, b in pairs)
+    assert moved[impl] <= 2 * moved["sdpa"] + 1e-12, moved

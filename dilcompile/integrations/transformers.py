@@ -31,7 +31,8 @@ Every sequence of a batch is computed as if it were alone (docs/design.md,
   position is not the previous one + 1, transformers' rule).
 
 Both are tensor computations with fixed shapes: a model compiles with
-``fullgraph=True`` with or without a mask. The mask function refuses, with a
+``fullgraph=True`` with or without a mask, for training or under
+``torch.no_grad`` with the KV cache (serving). The mask function refuses, with a
 ValueError, what these cannot express exactly: masks other than causal /
 bidirectional (sliding windows, custom mask functions), and caches whose keys
 do not end at the last query (static or sliding caches; use the default
@@ -139,11 +140,11 @@ def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, d
 
 
 def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
-    """(q, scale) with ``scale`` a constant that ``torch.cond``'s branches may
-    close over. Compiled with dynamic=True, Dynamo keeps a module's float
-    attribute (HF's ``scaling``) symbolic, and a cond takes no float operand:
-    the usual head_dim ** -0.5 is matched to the constant (exact); any other
-    scale is folded into q, one rounding of q in its dtype (compiled only)."""
+    """(q, scale) with ``scale`` a constant for our ops' float argument.
+    Compiled with dynamic=True, Dynamo keeps a module's float attribute (HF's
+    ``scaling``) symbolic: the usual head_dim ** -0.5 is matched to the
+    constant (exact); any other scale is folded into q, one rounding of q in
+    its dtype (compiled only)."""
     scaling = check_scale(scaling)
     if scaling is None or not torch.compiler.is_compiling():
         return q, scaling
@@ -193,21 +194,15 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
 def _plain_unless(needed: Tensor, special, plain, q: Tensor, k: Tensor, v: Tensor, data: Tensor) -> Tensor:
     """``special(q, k, v, data)`` (padded / packed rows) if ``needed``, else
     the batched ``plain(q, k, v)`` — equal results when not needed, plain
-    being one call for the batch. Eagerly a Python branch (one host sync);
-    compiled a ``torch.cond`` (both branches in the graph, the choice at run time)."""
-    if not torch.compiler.is_compiling():
-        return special(q, k, v, data) if bool(needed) else plain(q, k, v)
-    # cond wants both branches' outputs and input gradients laid out alike: both take and give
-    # the rows end to end (1, H, B·N, D).
-    batch = q.shape[0]
-
-    def on_rows(fn):
-        return lambda *flat: hf_sequences.flatten(fn(*(hf_sequences.unflatten(t, batch) for t in flat[:3]),
-                                                     *flat[3:]))
-
-    flat = [hf_sequences.flatten(t) for t in (q, k, v)]
-    out = torch.cond(needed, on_rows(special), on_rows(lambda q, k, v, data: plain(q, k, v)), (*flat, data))
-    return hf_sequences.unflatten(out, batch)
+    being one call for the batch. Eagerly a Python branch (one host sync).
+    Compiled, ``special`` always: it is exact either way, and the
+    ``torch.cond`` that chose at run time broke compiled serving — Inductor
+    handed its branches operands in other strides than it compiled them for
+    under ``torch.no_grad``, and Dynamo lost the cache layers' attributes set
+    before it (``fullgraph=True`` with ``use_cache``)."""
+    if torch.compiler.is_compiling() or bool(needed):
+        return special(q, k, v, data)
+    return plain(q, k, v)
 
 
 def dilated_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

@@ -181,7 +181,8 @@ class LongNetDecoder(nn.Module):
             if torch.compiler.is_compiling():  # the values (a host sync): eager only
                 return
             n = idx.shape[1]
-            longest = max(s.nk for s in packed_sequences(cu_seqlens, cu_seqlens, n, n, ("cu_seqlens",) * 2))
+            documents = packed_sequences(cu_seqlens, cu_seqlens, n, n, ("cu_seqlens",) * 2)
+            longest = max((s.nk for s in documents), default=0)
             if longest > limit:
                 raise ValueError(f"a document of cu_seqlens has {longest} tokens, more than max_seq_len={limit}; "
                                  "split it or build the model with a larger max_seq_len")
