@@ -109,9 +109,9 @@ def test_query_reading_a_missing_file_does_not_call_the_store_damaged(tmp_path, 
 
     db = str(tmp_path / "runs.duckdb")
     store.connect(db).close()
-    assert main(["query", f"SELECT * FROM read_parquet('{tmp_path}/nope.parquet')", "--db", db]) == 1
+    assert main(["query", f"SELECT * FROM read_parquet('{tmp_path}/nope.parquet')", "--allow-files", "--db", db]) == 1
     err = capsys.readouterr().err
-    assert "nope.parquet" in err and "damaged" not in err and "mv " not in err
+    assert "nope.parquet" in err and "IO Error" in err and "damaged" not in err and "mv " not in err
 
 
 @pytest.mark.parametrize("flag, value", [("--timeout", "0"), ("--timeout", "-5"), ("--timeout", "nan"),

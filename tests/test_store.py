@@ -242,3 +242,40 @@ def test_v1_file_gains_ring_columns_in_place(tmp_path):
     w.close()
     assert store.query(db, "SELECT run_id, world_size, comm_bytes FROM runs ORDER BY run_id")[1] == [
         ("r1", None, None), ("r2", 4, 2**33)]
+
+
+@pytest.mark.parametrize("sql, read_too", [
+    ("CREATE TABLE sales (item VARCHAR, amount DOUBLE); INSERT INTO sales VALUES ('tea', 2.5)", False),
+    ("CREATE VIEW answer AS SELECT 42 AS x", False),
+    ("CREATE TABLE schema_meta (name VARCHAR)", True),  # another program's table of that name: was "damaged"
+    ("CREATE TABLE schema_meta (key VARCHAR, value VARCHAR)", True),  # ours never lacks the version row
+])
+def test_another_programs_duckdb_file_is_refused_and_left_untouched(tmp_path, sql, read_too):
+    """A writer adds nothing to it (our five tables joined `sales`); a reader reads it as
+    it is, unless its schema_meta says it is not ours."""
+    db = tmp_path / "theirs.duckdb"
+    with contextlib.closing(duckdb.connect(str(db))) as con:
+        con.execute(sql)
+    before = (db.read_bytes(), db.stat().st_mtime_ns)
+    refused = [lambda: store.connect(db), lambda: store.RunWriter(db, {"sweep_id": "s1"}),
+               lambda: store.import_parquet(db, [])]
+    readers = [lambda: store.connect(db, read_only=True).close(), lambda: store.query(db, "SELECT 1")]
+    for open_it in refused + (readers if read_too else []):
+        with pytest.raises(store.StoreError) as exc:
+            open_it()
+        msg = str(exc.value)
+        assert msg.startswith(f"{db}: ") and "belongs to another program" in msg and "--db" in msg
+        assert "\n" not in msg and "damaged" not in msg
+    if not read_too:
+        assert store.query(db, "SELECT 1")[1] == [(1,)]
+    assert (db.read_bytes(), db.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.duckdb"]  # no .wal, no rescue folder
+
+
+def test_an_empty_duckdb_file_becomes_a_store(tmp_path):
+    db = tmp_path / "empty.duckdb"
+    duckdb.connect(str(db)).close()  # a DuckDB file with nothing in it yet
+    assert db.exists()
+    with contextlib.closing(store.connect(db)) as con:
+        assert schema.file_version(con) == schema.SCHEMA_VERSION
+    assert store.query(db, "SELECT count(*) FROM runs")[1] == [(0,)]

@@ -132,3 +132,19 @@ def test_import_of_several_folders_is_all_or_nothing(tmp_path, capsys):
     assert "imported 3 new runs from 2 folder(s)" in capsys.readouterr().out
     assert main(["runs", "import", good, "--db", db]) == 0
     assert "imported 0 new runs" in capsys.readouterr().out
+
+
+def test_import_into_another_programs_duckdb_file_is_refused(tmp_path, capsys):
+    db = tmp_path / "sales.duckdb"
+    with contextlib.closing(duckdb.connect(str(db))) as con:
+        con.execute("CREATE TABLE sales (item VARCHAR, amount DOUBLE)")
+    before = db.read_bytes()
+    good = _export(tmp_path, "good", "SELECT 'g1' AS run_id, 'sdpa' AS variant, 8 AS seq_len, 'ok' AS status, "
+                                     "1.0 AS latency_ms")
+    assert main(["runs", "import", good, "--db", str(db)]) == 1  # exit 0: our five tables joined `sales`
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dilcompile runs import: error: {db}: it holds sales but no dilcompile schema_meta")
+    assert "belongs to another program" in err and "--db" in err and len(err.splitlines()) == 1
+    assert db.read_bytes() == before
+    with contextlib.closing(duckdb.connect(str(db), read_only=True)) as con:
+        assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("sales",)]

@@ -17,6 +17,8 @@ duckdb = pytest.importorskip("duckdb")
 
 from dilcompile import store  # noqa: E402
 from dilcompile.cli import main  # noqa: E402
+from dilcompile.store import parquet as parquet_module  # noqa: E402
+from dilcompile.store import schema  # noqa: E402
 from dilcompile.store import writer as writer_module  # noqa: E402
 
 SWEEP = {"sweep_id": "s1", "sweep_name": "t", "sweep_kind": "profile"}
@@ -121,6 +123,50 @@ def test_a_store_that_cannot_be_created_leaves_no_file(tmp_path, monkeypatch, ca
     assert not db.exists() and not Path(f"{db}.wal").exists()
 
 
+class _FullAtCommit:
+    """A connection whose COMMIT fails as DuckDB's does on a full disk: the
+    transaction is rolled back and over, so a ROLLBACK after it fails too."""
+
+    def __init__(self, con):
+        self.con = con
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT":
+            self.con.execute("ROLLBACK")
+            raise duckdb.TransactionException('TransactionContext Error: Failed to commit: Could not write file '
+                                              '"runs.duckdb.wal": No space left on device')
+        return self.con.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
+def test_an_import_onto_a_full_disk_says_so(tmp_path, monkeypatch, capsys):
+    src, db = str(tmp_path / "src.duckdb"), str(tmp_path / "runs.duckdb")
+    writer = store.RunWriter(src, SWEEP)
+    writer.write(_row("r1"))
+    writer.close()
+    store.export_parquet(src, tmp_path / "out")
+    store.connect(db).close()
+    real = parquet_module.connect
+    monkeypatch.setattr(parquet_module, "connect", lambda path, *a, **k: _FullAtCommit(real(path, *a, **k)))
+    assert main(["runs", "import", str(tmp_path / "out"), "--db", db]) == 1
+    err = capsys.readouterr().err.strip()  # was "TransactionContext Error: cannot rollback - no transaction is active"
+    assert err == (f"dilcompile runs import: error: cannot write {db}: no space left on its disk; free some space "
+                   "or pass --db on another disk (nothing was imported)")
+    assert store.query(db, "SELECT count(*) FROM measurements")[1] == [(0,)]
+
+
+def test_a_migration_onto_a_full_disk_raises_the_disk_error(tmp_path):
+    con = duckdb.connect(str(tmp_path / "runs.duckdb"))
+    try:
+        with pytest.raises(duckdb.Error, match="No space left on device"):  # not "cannot rollback"
+            schema.migrate(_FullAtCommit(con))
+        assert schema.file_version(con) == 0  # nothing half-made
+    finally:
+        con.close()
+
+
 def _mount_tmpfs(folder: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("FULL-DISK TEST SKIPPED: mounting a 1 MB tmpfs needs root (the simulated tests above run)")
@@ -150,6 +196,12 @@ def test_a_real_full_disk(tmp_path, temp_dir, capsys):
         rescues = [p for p in temp_dir.iterdir() if ".rescue-" in p.name]
         assert len(rescues) == 1, list(temp_dir.iterdir())
         rescue = rescues[0]
+        kept = store.query(db, "SELECT count(*) FROM measurements")[1]
+        assert main(["runs", "import", str(rescue), "--db", str(db)]) == 1  # its COMMIT fails: ROLLBACK did too
+        assert capsys.readouterr().err.strip() == (
+            f"dilcompile runs import: error: cannot write {db}: no space left on its disk; free some space or pass "
+            "--db on another disk (nothing was imported)")
+        assert store.query(db, "SELECT count(*) FROM measurements")[1] == kept
         fresh = str(tmp_path / "fresh.duckdb")
         assert main(["runs", "import", str(rescue), "--db", fresh]) == 0
         assert store.query(fresh, "SELECT count(*) FROM measurements")[1][0][0] >= 1

@@ -17,9 +17,20 @@ RUNTIME_ERROR = 1  # the store or the query failed
 
 
 def fail(prog: str, message: str, code: int) -> int:
-    """One line on stderr, no traceback; returns ``code`` for the command to exit with."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    """One line on stderr, no traceback; returns ``code`` for the command to exit with.
+    DuckDB's messages quote stored values (a failed cast), so they are made :func:`safe` too."""
+    print(f"{prog}: error: {safe(message)}", file=sys.stderr)
     return code
+
+
+# C0 controls, DEL and C1 controls as visible escapes (\x1b): stored text comes from
+# imported files, and raw it could retitle, clear or rewrite the user's terminal.
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]} | {0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r"}
+
+
+def safe(text: str) -> str:
+    """``text`` for a terminal: every control character shown as an escape, the rest as is."""
+    return text.translate(_ESCAPES)
 
 
 def store_path(text: str) -> str:
@@ -82,16 +93,18 @@ def _fmt(value) -> str:
 
 
 def render(names: list[str], rows: list, fmt: str = "table") -> str:
-    """Rows as an aligned text table, CSV, or JSON lines."""
+    """Rows as an aligned text table, CSV, or JSON lines. Table and CSV show
+    control characters as escapes (:func:`safe`); JSON escapes them its own way."""
     if fmt == "json":
         return "\n".join(json.dumps(dict(zip(names, r)), default=str) for r in rows)
+    names = [safe(str(n)) for n in names]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(names)
-        w.writerows(rows)
+        w.writerows([v if v is None or isinstance(v, (int, float)) else safe(str(v)) for v in r] for r in rows)
         return buf.getvalue().rstrip("\n")
-    cells = [[_fmt(v) for v in r] for r in rows]
+    cells = [[safe(_fmt(v)) for v in r] for r in rows]
     widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
     lines = ["  ".join(n.rjust(w) for n, w in zip(names, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]

@@ -1,19 +1,43 @@
-"""``dilcompile query "SQL"``: ad-hoc SQL on the run store (read-only)."""
+"""``dilcompile query "SQL"``: ad-hoc SQL on the run store (read-only; the store alone unless --allow-files)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, fail, render
 
 PROG = "dilcompile query"
 
+DESCRIPTION = """\
+Run one SQL statement on a short read-only connection to the run store and
+print the result.
+
+By default the statement reads the store and nothing else. It may query the
+store's tables and views (runs, measurements, sweeps, telemetry, schema_meta)
+with read statements (SELECT, WITH, PIVOT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN,
+PRAGMA) and DuckDB's built-in functions, and create temporary tables, macros
+and variables that vanish when the command ends. It may not write the store
+(opened read-only: INSERT, UPDATE, DELETE, CREATE, DROP are refused), touch
+any file or the network (read_csv, read_parquet, read_text, glob, COPY,
+EXPORT DATABASE, ATTACH, secrets), INSTALL or LOAD extensions, or change
+DuckDB's settings (SET, RESET, PRAGMA threads=...). --allow-files lifts all
+but the first.
+
+The table and csv formats show control characters in stored text as escapes
+(\\x1b, \\n, ...); json escapes them as JSON does."""
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("query", help="run SQL on the run store (tables: runs, telemetry, measurements, sweeps)",
-                       description="Run one SQL statement on a short read-only connection and print the result.")
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sql", help='e.g. "SELECT variant, seq_len, latency_ms FROM runs"')
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--allow-files", action="store_true",
+                   help="let the statement reach beyond the store, as this user: read and write files "
+                        "(read_csv, read_parquet, read_text, glob, COPY ... TO, EXPORT DATABASE), ATTACH other "
+                        "databases, INSTALL/LOAD extensions (and through them the network) and change DuckDB's "
+                        "settings; the store itself stays read-only")
     add_db(p)
     p.set_defaults(func=run)
 
@@ -34,13 +58,22 @@ def run(args) -> int:
         return fail(PROG, f"the SQL holds {len(statements)} statements; run one per call (or join them with UNION "
                     "ALL)", USAGE_ERROR)
     try:
-        names, rows = query(args.db, args.sql)
+        names, rows = query(args.db, args.sql, sandbox=not args.allow_files)
     except StoreError as exc:
         return fail(PROG, str(exc), RUNTIME_ERROR)
     except duckdb.Error as exc:
-        return fail(PROG, str(exc).splitlines()[0], RUNTIME_ERROR)
+        why = str(exc).splitlines()[0]
+        if not args.allow_files and _refused_by_sandbox(duckdb, exc):
+            why += " (the query reads the store alone; pass --allow-files to let it use files, extensions and SET)"
+        return fail(PROG, why, RUNTIME_ERROR)
     if names:
         print(render(names, rows, args.format))
     if args.format == "table":
         print(f"({len(rows)} rows)", file=sys.stderr)
     return 0
+
+
+def _refused_by_sandbox(duckdb, exc: BaseException) -> bool:
+    """Whether DuckDB refused the statement for reaching past the store (a file,
+    an extension) or for changing a locked setting."""
+    return isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in str(exc)

@@ -43,21 +43,35 @@ def _duckdb():
     return duckdb
 
 
+# A sandboxed connection reaches the store and nothing else: DuckDB refuses file
+# and network access (read_text, read_parquet, glob, COPY, EXPORT, ATTACH) and
+# extensions; no temp directory, since DuckDB allows its own <db>.tmp/ folder
+# (symlinks in it included) even so; and the settings are locked after opening,
+# so the query cannot SET its way out. The dashboard's SQL page
+# (dashboard/sqlrun.py) opens its snapshot with these settings too.
+SANDBOX = {"enable_external_access": False, "autoload_known_extensions": False,
+           "autoinstall_known_extensions": False, "temp_directory": ""}
+
+
 def _is_lock_error(exc: BaseException) -> bool:
     text = str(exc)
     return "lock" in text.lower() and ("Conflicting" in text or "Could not set lock" in text)
 
 
-def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeout: float = 30.0):
+def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeout: float = 30.0,
+            sandbox: bool = False):
     """Open the store, retrying while another process holds a conflicting lock.
 
     A writable connection creates the file (and its folder) if needed and
     migrates the schema in place to the latest version. Keep connections
     short-lived (see the module docstring); use ``with connect(...) as con``.
-    ``path=":memory:"`` gives a scratch store.
+    ``path=":memory:"`` gives a scratch store. ``sandbox`` (read-only only):
+    the connection reaches nothing but the store (:data:`SANDBOX`).
     """
     duckdb = _duckdb()
     path = str(path)
+    if sandbox and not read_only:
+        raise ValueError("sandbox=True needs read_only=True: a sandboxed connection only reads the store")
     if not path:  # DuckDB would open a scratch in-memory database: every row written would be lost
         raise StoreError("the store path is empty; pass --db with a file, e.g. --db runs/dilcompile.duckdb")
     if path != ":memory:":
@@ -76,16 +90,21 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
                 raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
     created = not read_only and path != ":memory:" and not Path(path).exists()
     try:
-        return _connect(duckdb, path, read_only, timeout)
+        return _connect(duckdb, path, read_only, timeout, SANDBOX if sandbox else {})
     except BaseException as exc:
         if created:  # never leave the empty or half-written file of a store that could not be made
             for leftover in (path, f"{path}.wal"):
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         if is_disk_full(exc):
-            raise StoreError(f"cannot write {path}: no space left on its disk; free some space or pass --db "
-                             "on another disk") from exc
+            raise disk_full(path) from exc
         raise
+
+
+def disk_full(path) -> StoreError:
+    """The error for a store whose disk has no room left: which file, what to do."""
+    return StoreError(f"cannot write {path}: no space left on its disk; free some space or pass --db "
+                      "on another disk")
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -97,18 +116,18 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def _connect(duckdb, path: str, read_only: bool, timeout: float):
+def _connect(duckdb, path: str, read_only: bool, timeout: float, settings: dict):
     deadline = time.monotonic() + timeout
     delay = 0.02
-    config = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    config = {**settings, "storage_compatibility_version": STORAGE_COMPATIBILITY}
     while True:
         try:
             con = duckdb.connect(path, read_only=read_only, config=config)
             break
         except (duckdb.InvalidInputException, duckdb.CatalogException) as exc:
-            if "storage_compatibility_version" not in str(exc) or not config:
+            if "storage_compatibility_version" not in str(exc) or config == settings:
                 raise
-            config = {}  # a DuckDB older than the setting writes an old format anyway
+            config = dict(settings)  # a DuckDB older than the setting writes an old format anyway
         except duckdb.IOException as exc:
             if not _is_lock_error(exc):
                 if "not a valid DuckDB database" in str(exc) or "Could not read" in str(exc):
@@ -124,6 +143,8 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float):
                 raise damaged(path, exc) from exc
             raise
     try:
+        if settings:
+            con.execute("SET lock_configuration = true")
         if not read_only:
             migrate(con)
         elif path != ":memory:" and file_version(con) > SCHEMA_VERSION:
@@ -176,11 +197,13 @@ def check_readable(con, path) -> None:
         raise damaged(path, exc) from exc
 
 
-def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0):
+def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0, sandbox: bool = False):
     """Run ``sql`` on a short read-only connection. Returns (column names, rows).
-    A bad query raises DuckDB's error; a file DuckDB cannot read, :class:`StoreDamaged`."""
+    ``sandbox``: ``sql`` reaches the store alone (no files, no network, no SET;
+    for SQL someone else wrote). A bad or refused query raises DuckDB's error;
+    a file DuckDB cannot read, :class:`StoreDamaged`."""
     duckdb = _duckdb()
-    with contextlib.closing(connect(path, read_only=True, timeout=timeout)) as con:
+    with contextlib.closing(connect(path, read_only=True, timeout=timeout, sandbox=sandbox)) as con:
         try:
             cur = con.execute(sql, params or [])
             names = [d[0] for d in cur.description] if cur.description else []

@@ -12,7 +12,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from .connection import StoreError, connect
+from .connection import StoreError, _duckdb, connect, disk_full, is_disk_full
 from .schema import TABLES
 
 # What a measurements row needs to be a run the dashboard and the queries can use.
@@ -101,7 +101,9 @@ def _load_all(con, in_dirs) -> list[int]:
         added = [_load(con, src) for src in sources]
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        # A COMMIT that failed (a full disk) has ended the transaction already: its error is the one to raise.
+        with contextlib.suppress(_duckdb().Error):
+            con.execute("ROLLBACK")
         raise
     return added
 
@@ -109,7 +111,12 @@ def _load_all(con, in_dirs) -> list[int]:
 def import_parquet(path: str | os.PathLike, in_dirs) -> int:
     """Merge export folders into the store at ``path``, all or nothing; returns new runs added."""
     with contextlib.closing(connect(path)) as con:
-        return sum(_load_all(con, in_dirs))
+        try:
+            return sum(_load_all(con, in_dirs))
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise disk_full(path) from exc
+            raise
 
 
 def open_parquet(in_dirs):

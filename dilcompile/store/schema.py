@@ -18,6 +18,8 @@ always exposes every column of both tables.
 
 from __future__ import annotations
 
+import contextlib
+
 SCHEMA_VERSION = 2
 
 # DuckDB storage format written for new files: readable by the DuckDB ≥ 1.1 CLI.
@@ -126,19 +128,31 @@ FROM measurements m LEFT JOIN sweeps s USING (sweep_id)"""
 TABLES = ("sweeps", "measurements", "telemetry")
 
 
+# Catalog queries see this file alone: not the temp catalog, nor an attached file.
+_HERE = "database_name = current_database()"
+
+
 def file_version(con) -> int:
-    """Schema version of an open store; 0 for an empty file."""
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    if "schema_meta" not in tables:
+    """Schema version of an open store; 0 for a file without ``schema_meta``:
+    an empty one, or another program's (read as is; :func:`migrate` refuses it).
+    A ``schema_meta`` that dilcompile did not write: ValueError."""
+    meta = {r[0] for r in con.execute(f"SELECT column_name FROM duckdb_columns() WHERE {_HERE} "
+                                      "AND table_name = 'schema_meta'").fetchall()}
+    if not meta:
         return 0
+    if not {"key", "value"} <= meta:  # querying it raised a Binder Error, reported as a damaged store
+        raise _foreign(f"its schema_meta table has columns {', '.join(sorted(meta))}, which no dilcompile wrote")
     row = con.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()
-    if row is None:
-        return 0
     try:
         return int(row[0])
-    except (TypeError, ValueError):
-        raise ValueError(f"its schema_meta table holds version {row[0]!r}, which no dilcompile wrote: the file "
-                         "belongs to another program; pass --db with a dilcompile store") from None
+    except (TypeError, ValueError):  # no version row, or not a number: dilcompile never leaves either
+        held = "no version" if row is None else f"version {row[0]!r}"
+        raise _foreign(f"its schema_meta table holds {held}, which no dilcompile wrote") from None
+
+
+def _foreign(why: str) -> ValueError:
+    return ValueError(f"{why}: the file belongs to another program and was left untouched; "
+                      "pass --db with a dilcompile store (a new file name makes one)")
 
 
 def migrate(con, target: int | None = None) -> int:
@@ -151,6 +165,13 @@ def migrate(con, target: int | None = None) -> int:
                            f"({target}); upgrade dilcompile to read it")
     if current == target:
         return current
+    if current == 0:  # only an empty file becomes a store: never add our tables to another program's
+        objects = sorted(r[0] for r in con.execute(
+            f"SELECT table_name FROM duckdb_tables() WHERE {_HERE} "
+            f"UNION SELECT view_name FROM duckdb_views() WHERE {_HERE} AND NOT internal").fetchall())
+        if objects:
+            shown = ", ".join(objects[:3]) + (", ..." if len(objects) > 3 else "")
+            raise _foreign(f"it holds {shown} but no dilcompile schema_meta table")
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(_META)
@@ -161,7 +182,10 @@ def migrate(con, target: int | None = None) -> int:
         con.execute("INSERT OR REPLACE INTO schema_meta VALUES ('version', ?)", [str(target)])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        import duckdb  # loaded already: con is a DuckDB connection
+
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has ended the transaction: raise its error
+            con.execute("ROLLBACK")
         raise
     return target
 
