@@ -38,6 +38,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .tracing import tracing
+
 CU_DTYPES = (torch.int32, torch.int64)
 
 # -- validation --------------------------------------------------------------------------------
@@ -98,7 +100,7 @@ def packed_metadata(q: Tensor, k: Tensor, cu_seqlens, cu_seqlens_q, cu_seqlens_k
     if cu_q.shape[0] != cu_k.shape[0]:
         raise ValueError(f"cu_seqlens_q holds {cu_q.shape[0] - 1} sequences but cu_seqlens_k "
                          f"{cu_k.shape[0] - 1}; give both the same sequences")
-    if not torch.compiler.is_compiling():
+    if not tracing():
         packed_sequences(cu_q, cu_k, q.shape[2], k.shape[2], names)
     return cu_q, cu_k
 

@@ -27,8 +27,9 @@ def test_empty_shapes_give_an_empty_result_on_every_backend(shape, impl):
     for name, pattern in _patterns(shape[-1]).items():
         if impl == "flex" and name == "adaptive":
             continue  # refused by name for every shape (the learned selection has no BlockMask)
-        grad = impl != "flex"  # FlexAttention on CPU is inference-only
-        q, k, v = (torch.randn(shape, dtype=torch.float64, requires_grad=grad) for _ in range(3))
+        grad = impl != "flex"  # FlexAttention on CPU is inference-only, and takes no float64
+        dtype = torch.float32 if impl == "flex" else torch.float64
+        q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=grad) for _ in range(3))
         with torch.set_grad_enabled(grad):
             out = block_sparse_attention(q, k, v, pattern, impl=impl, block_size=4)
         assert out.shape == shape and out.dtype == q.dtype, name

@@ -9,6 +9,7 @@ from .. import varlen
 from ..checks import check_bool, check_positive_int, check_qkv, check_scale, softmax_scale
 from ..patterns import Pattern, from_spec
 from ..patterns.spec import parsed_spec
+from ..tracing import tracing
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.block_sparse_varlen_*)
 from .config import IMPLS
 from .dispatch import attend
@@ -18,7 +19,8 @@ def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: boo
     """The backend ``impl`` resolves to for this input; raises if it cannot serve it.
 
     auto: "flex" on CUDA for static patterns (training and inference), "gather"
-    on CPU (FlexAttention on CPU has no backward) and for data-dependent patterns.
+    on CPU (FlexAttention on CPU has no backward and no float64) and for
+    data-dependent patterns.
     Inside ``torch.compile`` the BlockMask cannot be built (its block lists have
     data-dependent sizes), so there auto keeps "flex" only when the mask is
     already cached — run the call once eagerly, or ``BlockSparseAttention.prepare``.
@@ -33,6 +35,9 @@ def choose_impl(q: Tensor, pattern: Pattern, impl: str = "auto", needs_grad: boo
     if impl == "flex":
         if pattern.data_dependent:
             raise ValueError("impl='flex' does not take the adaptive pattern's learned selection; use impl='gather'")
+        if q.device.type == "cpu" and q.dtype == torch.float64:  # Inductor refuses it only after compiling
+            raise ValueError("impl='flex' on CPU takes q, k, v in float32, float16 or bfloat16, got torch.float64: "
+                             "use impl='gather' or impl='reference' for float64")
         if q.device.type == "cpu" and needs_grad:
             raise ValueError("impl='flex' on CPU is inference-only in torch ≤ 2.13 (no backward): use "
                              "impl='gather' for training, or run under torch.no_grad()")
@@ -60,7 +65,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
         causal: also require key ≤ query.
         scale: softmax scale, default 1/sqrt(D).
         impl: "gather" (block gather + fused kernel, any device, with
-            backward), "flex" (FlexAttention: CUDA train/infer, CPU inference),
+            backward), "flex" (FlexAttention: CUDA train/infer, CPU inference
+            in float32, float16 or bfloat16),
             "reference" (float64 oracle, O(N²) memory) or "auto"
             (see :func:`choose_impl`).
         block_size: tokens per block (adaptive patterns use their own).
@@ -82,7 +88,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern, *, causal: 
     """
     check_qkv(q, k, v, "block-sparse attention", shorter_q=True)
     if isinstance(pattern, str):
-        pattern = parsed_spec(pattern) if torch.compiler.is_compiling() else from_spec(pattern)
+        pattern = parsed_spec(pattern) if tracing() else from_spec(pattern)
     if not isinstance(pattern, Pattern):
         raise TypeError(f"pattern must be a dilcompile.patterns pattern or a spec string, got {type(pattern).__name__}")
     check_bool("causal", causal)

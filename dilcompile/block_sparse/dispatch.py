@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..patterns import causal as causal_of
+from ..tracing import tracing
 from . import cache
 from . import ops  # registers torch.ops.dilcompile.block_sparse_*
 from .impl.flex import flex_forward
@@ -50,7 +51,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float,
         bound = (causal_of(pattern) if causal else pattern).with_heads(h)
         return masked_attention_reference(q, k, v, bound.dense_mask(h, n, q.device), scale).to(q.dtype)
     if chosen == "flex":
-        if torch.compiler.is_compiling() and not cache.has_block_mask(pattern, causal, b, h, n, block_size, q.device):
+        if tracing() and not cache.has_block_mask(pattern, causal, b, h, n, block_size, q.device):
             if impl == "flex":
                 raise ValueError("impl='flex' inside torch.compile needs its BlockMask built beforehand: call "
                                  "block_sparse_attention once eagerly with the same shapes, or "
@@ -64,7 +65,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern, causal: bool, scale: float,
     # A block as long as the sequence holds all of it: a larger one only pads
     # (the gather backend's masks grow as block_size²).
     block_size = min(block_size, n)
-    if not torch.compiler.is_compiling():  # the op's own functions, without its dispatch (see ops)
+    if not tracing():  # the op's own functions, without its dispatch (see ops)
         return ops.gather_eager(q, k, v, pattern._structure, pattern._numbers, causal, scale, block_size,
                                 needs_grad)
     out, _ = torch.ops.dilcompile.block_sparse_fwd(q, k, v, pattern._structure, pattern._numbers, causal,

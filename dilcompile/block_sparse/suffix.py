@@ -36,6 +36,9 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, causal: 
 
 def candidate_keys(pattern: Pattern, nq: int, nk: int, block_size: int, device) -> Tensor:
     """(K,) int64 key positions that may be attended by the last ``nq`` of ``nk`` positions, increasing."""
+    # A block as long as the keys holds all of them: a larger one only pads (as in
+    # the full-length call), and its arange would cost block_size, not nk.
+    block_size = min(block_size, nk)
     first, last = (nk - nq) // block_size, (nk - 1) // block_size
     rows = torch.arange(first, last + 1, device=device)
     blocks = pattern.candidate_blocks(rows, block_size, nk).any(0).nonzero().flatten()  # (nb',)

@@ -17,11 +17,10 @@ loading the checkpoint sets (and checks) them again.
 
 from __future__ import annotations
 
-import torch
-
 from ..checks import check_positive_ints
 from ..dilated.geometry import MODES
 from ..patterns import from_spec
+from ..tracing import tracing
 
 _PATTERNS: dict = {}  # spec string → Pattern, built eagerly when the key is set (compiled code only reads it)
 
@@ -114,7 +113,7 @@ def _required(config, key: str, example: str):
                          f"configure(model, ...) or config.{key} = {example}")
     # Checked when set; checked again eagerly for values put in a config's __dict__ directly
     # (not under a trace, which cannot run the pattern parser).
-    return value if torch.compiler.is_compiling() else CHECKS[key](key, value)
+    return value if tracing() else CHECKS[key](key, value)
 
 
 def configure(target, *, segment_lengths=None, dilation_rates=None, mode=None, pattern=None, block_size=None):

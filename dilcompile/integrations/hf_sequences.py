@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..tracing import tracing
+
 
 def ids_from_positions(position_ids: Tensor, batch: int) -> Tensor | None:
     """(B, N) sequence ids: a new sequence wherever a position is not the
@@ -35,7 +37,7 @@ def cu_seqlens_of(ids: Tensor) -> Tensor:
     starts = torch.cat([first, ids[:, 1:] != ids[:, :-1]], dim=1).reshape(total)  # (B·N,)
     index = torch.arange(total, device=ids.device)
     bounds = torch.where(starts, index, total).sort().values  # starts ascending, then total
-    if not torch.compiler.is_compiling():  # eagerly, only the real boundaries (one host sync; the op reads them anyway)
+    if not tracing():  # eagerly, only the real boundaries (one host sync; the op reads them anyway)
         bounds = bounds[: int(starts.sum())]
     return torch.cat([bounds, bounds.new_full((1,), total)])
 

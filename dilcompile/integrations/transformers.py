@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_scale
+from ..tracing import tracing
 from . import hf_sequences
 from .hf_config import check_branches_of, configure, install_config_keys, pattern_of
 
@@ -94,7 +95,7 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
 
     if mask_function in (causal_mask_function, bidirectional_mask_function):
         base, packed_ids = mask_function, None
-    elif torch.compiler.is_compiling():
+    elif tracing():
         # A trace cannot look inside closures: unless the config declares windowed layers, take the
         # composed function as transformers' packed-row composition of the causal mask (the one it
         # builds under tracing when no padding mask is given); the attention reads the packing
@@ -146,7 +147,7 @@ def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
     constant (exact); any other scale is folded into q, one rounding of q in
     its dtype (compiled only)."""
     scaling = check_scale(scaling)
-    if scaling is None or not torch.compiler.is_compiling():
+    if scaling is None or not tracing():
         return q, scaling
     usual = q.shape[-1] ** -0.5  # the head dim comes from the weights' shapes: static
     return (q, usual) if scaling == usual else (q * scaling, 1.0)
@@ -200,7 +201,7 @@ def _plain_unless(needed: Tensor, special, plain, q: Tensor, k: Tensor, v: Tenso
     handed its branches operands in other strides than it compiled them for
     under ``torch.no_grad``, and Dynamo lost the cache layers' attributes set
     before it (``fullgraph=True`` with ``use_cache``)."""
-    if torch.compiler.is_compiling() or bool(needed):
+    if tracing() or bool(needed):
         return special(q, k, v, data)
     return plain(q, k, v)
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..checks import INT64_MAX, check_bool, check_int, check_positive_int
 from ..kv_cache import KVCache, keys_dtype
 from ..multihead import MultiheadDilatedAttention
+from ..tracing import tracing
 from ..varlen import _check_cu_tensor, check_padding_mask, packed_sequences
 from .sampling import check_prompt, check_sampling, check_token_ids, crop_rows, last_real, left_pad, pick
 
@@ -166,7 +167,7 @@ class LongNetDecoder(nn.Module):
             # Positions count real tokens only: the padded width may pass max_seq_len, a row may not
             # (a value check, a host sync: eager only).
             offset = 0 if cache is not None else start_pos
-            eager = not torch.compiler.is_compiling()
+            eager = not tracing()
             if width > limit and eager and (~key_padding_mask).sum(1).max() + offset > limit:
                 raise ValueError(f"a row of key_padding_mask holds more than max_seq_len={limit} real tokens; "
                                  "crop the input or build the model with a larger max_seq_len")
@@ -178,7 +179,7 @@ class LongNetDecoder(nn.Module):
             _check_cu_tensor("cu_seqlens", cu_seqlens, idx.device)
             if idx.shape[0] != 1:
                 raise ValueError(f"packed input (cu_seqlens) takes idx of shape (1, total), got {tuple(idx.shape)}")
-            if torch.compiler.is_compiling():  # the values (a host sync): eager only
+            if tracing():  # the values (a host sync): eager only
                 return
             n = idx.shape[1]
             documents = packed_sequences(cu_seqlens, cu_seqlens, n, n, ("cu_seqlens",) * 2)

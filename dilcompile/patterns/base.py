@@ -29,6 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..tracing import tracing
 from . import blocks
 from .blocks import BlockLists, allowed_pair_count, build_block_lists, span_candidates
 from .template import template
@@ -60,7 +61,7 @@ class Pattern:
         """Record the op arguments once, at construction: the structure string
         and the numbers as a tensor. Compiled code reads these attributes only,
         so Dynamo guards on the structure and feeds the numbers as an input."""
-        if torch.compiler.is_compiling():  # built inside a trace (e.g. a bound copy): no op arguments needed
+        if tracing():  # built inside a trace (e.g. a bound copy): no op arguments needed
             return
         structure, numbers = template(self)
         object.__setattr__(self, "_structure", structure)

@@ -20,6 +20,8 @@ import zlib
 import torch
 from torch import Tensor
 
+from ...tracing import tracing
+
 
 # Graphs of one mask's function: a first length, dynamic lengths, one block,
 # one token — about four; Dynamo's default budget of 8 leaves little room.
@@ -66,7 +68,7 @@ def kernel_options(block_mask, device: torch.device) -> dict | None:
 def flex_forward(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> Tensor:
     """q, k, v (B, H, N, D); block_mask from ``pattern.block_mask`` → (B, H, N, D)."""
     options = kernel_options(block_mask, q.device)
-    if torch.compiler.is_compiling():  # already inside a compiled region: call the op directly
+    if tracing():  # already inside a compiled region: call the op directly
         from torch.nn.attention.flex_attention import flex_attention
 
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)

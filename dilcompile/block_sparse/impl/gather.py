@@ -20,7 +20,7 @@ from torch import Tensor
 from ...kernels.attention import bias_attention_backward, bias_attention_forward
 from ...numerics import accumulator_dtype, merge_into
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
-from .masked import masked_matmul
+from ...kernels.masked import masked_matmul
 from .nonfinite import find_nonfinite, nonfinite_backward, nonfinite_forward
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...numerics import accumulator_dtype
 from .calls import GatherPlan
-from .masked import masked_attention_backward, masked_matmul
+from ...kernels.masked import masked_attention_backward, masked_matmul
 
 
 class NonFinite(NamedTuple):

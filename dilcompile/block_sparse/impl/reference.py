@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .masked import masked_attention_backward, masked_matmul
+from ...kernels.masked import masked_attention_backward, masked_matmul
 
 
 def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:

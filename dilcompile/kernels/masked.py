@@ -1,8 +1,9 @@
 """``masked_matmul``: a product summed over allowed pairs only, even when an
 operand is not finite — a plain matmul's 0 · NaN is NaN, which would spread
 one NaN to every row — and ``masked_attention_backward``, the softmax
-attention backward built on it. The reference and the gather backend's exact
-path for rows touched by a non-finite input share them."""
+attention backward built on it. The float64 references (block-sparse, and the
+dilated one's backward) and the gather backend's exact path for rows touched
+by a non-finite input share them."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def masked_matmul(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
 
 
 def masked_attention_backward(q: Tensor, k: Tensor, v: Tensor, p: Tensor, mask: Tensor, do: Tensor,
-                              scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of out = P·V, P = softmax over allowed pairs of q·kᵀ·scale:
+                              scale: float, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of out = P·V, P = softmax over allowed pairs of q·kᵀ·scale
+    (and of its log-sum-exp, when ``dlse`` (..., R) is its upstream gradient):
     q (..., R, D), k, v (..., N, D), p (..., R, N) (0 on forbidden pairs), mask
     bool broadcastable to p, do (..., R, D) → dq (..., R, D), dk, dv (..., N, D).
     Every product sums over allowed pairs only, so a non-finite query, key,
@@ -40,5 +42,8 @@ def masked_attention_backward(q: Tensor, k: Tensor, v: Tensor, p: Tensor, mask: 
     mask_t = mask.transpose(-1, -2)
     dv = masked_matmul(p.transpose(-1, -2), do, mask_t)
     pdp = torch.where(mask, p * (do @ v.transpose(-1, -2)), 0)  # P ∘ dP on allowed pairs
-    ds = torch.where(mask, pdp - p * pdp.sum(-1, keepdim=True), 0) * scale  # softmax backward
+    row = pdp.sum(-1, keepdim=True)
+    if dlse is not None:  # d lse / d s = P: ds = P ∘ (dP − Σ P ∘ dP + dlse)
+        row = row - dlse[..., None]
+    ds = torch.where(mask, pdp - p * row, 0) * scale  # softmax backward
     return masked_matmul(ds, k, mask), masked_matmul(ds.transpose(-1, -2), q, mask_t), dv

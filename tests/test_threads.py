@@ -1,0 +1,81 @@
+"""Eager calls while another thread is inside torch.compile (dilcompile/tracing.py).
+
+``torch.compiler.is_compiling()`` is one flag for the process: with a compile
+held open in one thread, eager calls in another were refused (block-sparse
+``impl="flex"``: "inside torch.compile needs its BlockMask"; a new pattern spec
+string: "parse it outside first") or skipped checks (``LongNetDecoder`` passed
+its ``max_seq_len`` check and failed in the position table with an IndexError).
+A serving process compiles in one thread while others serve."""
+
+import threading
+
+import pytest
+import torch
+
+from dilcompile import block_sparse_attention
+from dilcompile.models import LongNetConfig, LongNetDecoder
+from dilcompile.patterns import local_window
+from dilcompile.tracing import tracing
+
+
+@pytest.fixture
+def compile_held_open():
+    """A thread inside torch.compile's trace until the test ends."""
+    entered, release = threading.Event(), threading.Event()
+
+    @torch._dynamo.assume_constant_result
+    def hold() -> int:  # Dynamo calls it for real while tracing: the trace waits here
+        entered.set()
+        release.wait(120)
+        return 1
+
+    def traced(x):
+        return x + hold()
+
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=torch.compile(traced, fullgraph=True)(torch.zeros(2))))
+    worker.start()
+    assert entered.wait(120), "the compile never started"
+    assert torch.compiler.is_compiling()  # the process-wide flag the eager calls below used to read
+    yield
+    release.set()
+    worker.join(120)
+    assert torch.equal(result["out"], torch.ones(2))  # and the held compile itself still worked
+
+
+@pytest.fixture
+def warm_flex():
+    """impl="flex" runs a compiled kernel, and compiles take one lock for the process: warm it first
+    (a compile in another thread would make this one wait, not fail), then drop its BlockMask, which
+    an eager call builds again and a traced one must find prepared."""
+    from dilcompile.block_sparse import cache
+
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))  # three tensors, as below: no aliasing guard fails
+    with torch.no_grad():  # flex on CPU is inference-only
+        block_sparse_attention(q, k, v, local_window(8), causal=True, impl="flex", block_size=32)
+    cache.clear()
+
+
+def test_eager_calls_in_other_threads_are_not_taken_for_traced_ones(warm_flex, compile_held_open):
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    with torch.no_grad():
+        flex = block_sparse_attention(q, k, v, local_window(8), causal=True, impl="flex", block_size=32)
+    gather = block_sparse_attention(q, k, v, "local_window(window=8)", causal=True, impl="gather", block_size=32)
+    torch.testing.assert_close(flex, gather, rtol=1e-5, atol=1e-5)
+    model = LongNetDecoder(LongNetConfig(vocab_size=11, max_seq_len=64, embed_dim=16, num_heads=2,
+                                         segment_lengths=(16, 32), dilation_rates=(1, 2)))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    assert not tracing()
+
+
+def test_tracing_is_true_inside_a_compiled_function_and_adds_no_graph_break():
+    seen = []
+
+    def f(x):
+        seen.append(tracing())
+        return x * 2 if tracing() else x
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True)(torch.ones(2)), torch.full((2,), 2.0))
+    assert seen == [True] and f(torch.ones(2)).eq(1).all() and seen[-1] is False
