@@ -12,6 +12,7 @@ import pytest
 _SCRIPT = r"""
 import ctypes, os, sys
 ctypes.CDLL(os.environ["FAKE_CUDA_RUNTIME"], mode=ctypes.RTLD_GLOBAL)  # before torch (fake_gpu's doc)
+import torch
 from ranks import start_ranks
 
 
