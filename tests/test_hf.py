@@ -147,6 +147,18 @@ def test_models_with_their_own_attention_code_are_refused(arch):
               "codegen": lambda: tf.CodeGenConfig(vocab_size=61, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
                                                   n_positions=64, n_ctx=64)}[arch]()
     config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [64], [1]
+    if getattr(AutoModelForCausalLM.from_config(copy.deepcopy(config)), "_supports_attention_backend", False):
+        # CodeGen moved onto the interface in transformers 5.24: ours serves it, causal (one covering
+        # segment equals the causal attention it had)
+        torch.manual_seed(0)
+        ours = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="dilcompile_dilated",
+                                                dtype=torch.float64).eval()
+        eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager",
+                                                 dtype=torch.float64).eval()
+        eager.load_state_dict(ours.state_dict())
+        ids = torch.randint(0, 61, (2, 17))
+        torch.testing.assert_close(ours(ids).logits, eager(ids).logits, rtol=1e-9, atol=1e-9)
+        return
     with pytest.raises(ValueError, match="runs its own attention code"):
         AutoModelForCausalLM.from_config(config, attn_implementation="dilcompile_dilated")
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")

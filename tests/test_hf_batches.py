@@ -316,3 +316,22 @@ def test_inductor_serving_under_no_grad_fullgraph_with_the_cache(impl):
             pairs += [tuple(m(packed, position_ids=positions, use_cache=False).logits for m in (compiled, model))]
         moved[name] = max((a - b).abs().max().item() for a, b in pairs)
     assert moved[impl] <= 2 * moved["sdpa"] + 1e-12, moved
+
+
+@pytest.mark.parametrize("order", ["packed first (≤ 5.23)", "positions first (5.24)", "nested"])
+def test_the_packed_rows_mask_is_read_whatever_the_order_of_its_parts(order):
+    """transformers 5.24 composes the packed-rows mask with its two parts the other way round; read by
+    position, every packed batch was refused ("asks for 'and_mask'") — DataCollatorWithFlattening training."""
+    from transformers import masking_utils as hf
+
+    from dilcompile.integrations.transformers import _padding_mask
+
+    ids = torch.tensor([[0, 0, 0, 1, 1, 2]])
+    packed = hf.packed_sequence_mask_function(ids)
+    remapped = hf.remap_positions_for_packed_sequence(hf.causal_mask_function, torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    composed = {"packed first (≤ 5.23)": hf.and_masks(packed, remapped),
+                "positions first (5.24)": hf.and_masks(remapped, packed),
+                "nested": hf.and_masks(hf.and_masks(remapped), packed)}[order]
+    assert _padding_mask(1, 6, 6, mask_function=composed) is ids
+    with pytest.raises(ValueError, match="and_mask"):  # a composition that is not packing: refused as before
+        _padding_mask(1, 6, 6, mask_function=hf.and_masks(hf.causal_mask_function, hf.sliding_window_overlay(2)))

@@ -63,21 +63,35 @@ def _closure(fn) -> dict:
 
 
 def _unpack_mask_function(mask_function):
-    """(base mask function, packed sequence ids or None): transformers wraps
-    the causal function for packed rows as and_masks(packed_sequence_mask_function(ids),
-    remap_positions_for_packed_sequence(causal, position_ids)); we take the
-    ids and handle the packing ourselves. Code objects identify the closures."""
+    """(base mask function, packed sequence ids or None). For packed rows
+    transformers composes the causal function with its packing mask —
+    and_masks(packed_sequence_mask_function(ids), remap_positions_for_packed_sequence(causal, pos))
+    up to 5.23, the two parts the other way round in 5.24 — and we handle the
+    packing ourselves. The parts are told apart by their code objects, in
+    whatever order and nesting; anything else is returned whole (and refused
+    by the caller unless it is a plain causal or bidirectional function)."""
     from transformers import masking_utils as hf
 
-    is_and = getattr(mask_function, "__code__", None) is hf.and_masks().__code__
-    parts = _closure(mask_function).get("mask_functions") if is_and else None
-    if parts is None or len(parts) != 2:
+    and_code = hf.and_masks().__code__
+    packed_code = hf.packed_sequence_mask_function(None).__code__
+    remap = getattr(hf, "remap_positions_for_packed_sequence", None)
+    remap_code = remap(None, None).__code__ if remap is not None else None
+
+    leaves, stack = [], [mask_function]
+    while stack:  # flatten nested and_masks
+        fn = stack.pop()
+        if getattr(fn, "__code__", None) is and_code:
+            stack.extend(_closure(fn).get("mask_functions") or ())
+        else:
+            leaves.append(fn)
+    packed = [fn for fn in leaves if fn.__code__ is packed_code]
+    others = [fn for fn in leaves if fn.__code__ is not packed_code]
+    if len(packed) != 1 or len(others) != 1:
         return mask_function, None
-    packed, remapped = parts
-    if packed.__code__ is not hf.packed_sequence_mask_function(None).__code__ \
-            or remapped.__code__ is not hf.remap_positions_for_packed_sequence(None, None).__code__:
-        return mask_function, None
-    return _closure(remapped)["mask_function"], _closure(packed)["packed_sequence_mask"]
+    base = others[0]
+    if remap_code is not None and getattr(base, "__code__", None) is remap_code:
+        base = _closure(base)["mask_function"]
+    return base, _closure(packed[0])["packed_sequence_mask"]
 
 
 def _windowed(config) -> bool:
@@ -237,14 +251,15 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
 def _patch_attention_choice() -> None:
     """Wrap transformers' attention choice (idempotent):
 
-    - Models that run their own attention code (BLOOM, CodeGen, GPT-J,
-      Falcon, …: ``_supports_attention_backend`` False) never call ours, yet
+    - Models that run their own attention code (BLOOM, GPT-J, Falcon,
+      CodeGen before transformers 5.24, …: ``_supports_attention_backend`` False) never call ours, yet
       transformers takes any registered name for them — and they then got our
       mask, not the causal one, and ran silently non-causal. Such a model
       asking for ours is refused when it is built or switched.
     - A config carrying ``dilcompile_*`` keys (a checkpoint saved with our
       attention) reloaded without ``attn_implementation=`` ran sdpa silently,
-      its logits off by more than 1: it now warns, naming the argument."""
+      its logits off by more than 1: it now warns, naming the argument (not
+      when another attention is asked for by name: comparing is deliberate)."""
     from transformers import PreTrainedModel
 
     chosen = PreTrainedModel.get_correct_attn_implementation
@@ -260,7 +275,7 @@ def _patch_attention_choice() -> None:
         result = chosen(self, requested_attention, is_init_check)
         config = getattr(self, "config", None)
         ours = _configured_attention(config)
-        if ours is not None and result not in NAMES and id(config) not in _WARNED:
+        if requested_attention is None and ours is not None and result not in NAMES and id(config) not in _WARNED:
             _WARNED.add(id(config))  # once per config: a model and its submodules share one
             warnings.warn(f"{type(self).__name__}'s config carries dilcompile_* keys (saved with {ours!r}), but the "
                           f"model runs attn_implementation={result!r}; pass attn_implementation={ours!r} to "
