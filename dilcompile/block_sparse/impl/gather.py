@@ -185,6 +185,19 @@ def _gather(xb: Tensor, idx: Tensor) -> Tensor:
     return xb.reshape(h * nb, bs * d).index_select(0, flat).view(h, c, k * bs, d)
 
 
+def _same_for_every_head(calls) -> bool:
+    """Whether every call's keys, queries and mask are one for all heads (Hp = 1):
+    then the batch rows fold into the heads, (B, H, …) → (1, B·H, …), and each
+    call runs once for the whole batch — a group of same-length packed
+    documents in one call, where a Python loop ran the calls once per row
+    (~1 ms per document). Per-head patterns keep the loop over rows."""
+    def one_for_all(call) -> bool:
+        qtok = getattr(call, "qtok", None)  # picked query tokens (their qvalid has the same heads)
+        return call.idx.shape[0] == 1 and (qtok is None or qtok.shape[0] == 1)
+
+    return all(one_for_all(call) for call in calls)
+
+
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
     """q, k, v (B, H, N, D) → out (B, H, N, D), lse (B, H, N) (0 on rows with no key)."""
     nonfinite = find_nonfinite(q, k, v, plan)
@@ -197,11 +210,13 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     new = torch.empty if plan.writes_every_row else torch.zeros  # a fill is a pass over the output
     out = new(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
+    rows = 1 if _same_for_every_head(plan.calls) else b
+    qb, kb, vb, cout_all, clse_all = (x.reshape(rows, -1, *x.shape[2:]) for x in (qb, kb, vb, out, lse))
     for call in plan.calls:
         mask, nonempty = plan.token_mask(call, q.dtype)
         ops = _operands(call, bs)
-        cq, ck, cv, cout, clse = _in_units(ops.unit, qb, kb, vb, out, lse)
-        for i in range(b):
+        cq, ck, cv, cout, clse = _in_units(ops.unit, qb, kb, vb, cout_all, clse_all)
+        for i in range(rows):
             qi = _take(cq[i], ops.queries)
             o, l = bias_attention_forward(_one_run(qi, call.shared), ops.keys(ck[i]), ops.keys(cv[i]), mask, scale)
             o, l = o.reshape(qi.shape), l.reshape(qi.shape[:-1])
@@ -234,11 +249,13 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     acc = accumulator_dtype(q.dtype)
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
+    rows = 1 if _same_for_every_head(plan.backward_calls) else b
+    folded = [x.reshape(rows, -1, *x.shape[2:]) for x in (qb, kb, vb, dob, ob, lb, dq, dk, dv)]
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
         ops, shared = _operands(call, bs), call.shared
-        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(ops.unit, qb, kb, vb, dob, ob, lb, dq, dk, dv)
-        for i in range(b):
+        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(ops.unit, *folded)
+        for i in range(rows):
             do_i = _take(cdo[i], ops.queries)
             if ops.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * ops.qvalid[..., None].to(do_i.dtype)
