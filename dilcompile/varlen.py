@@ -59,10 +59,12 @@ def _check_cu_tensor(name: str, cu, device: torch.device) -> None:
         raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it to q's device")
 
 
-def _first_decrease(cu: Tensor) -> Tensor:
-    """Index of the first entry after which ``cu`` decreases, −1 if none (a 0-d tensor: no host sync)."""
-    down = (cu[1:] < cu[:-1]).nonzero()
-    return down[0, 0] if down.numel() else cu.new_tensor(-1)
+def _first(flags: Tensor) -> Tensor:
+    """Index of the first True of a 1-D bool tensor, −1 if none: a 0-d tensor, read with the others."""
+    if not flags.numel():
+        return flags.new_tensor(-1, dtype=torch.int64)
+    at = flags.int().argmax()
+    return torch.where(flags[at], at, -1)
 
 
 def _check_cu_values(name: str, first: int, last: int, decrease: int, cu: Tensor, total: int,
@@ -118,24 +120,23 @@ class Sequence(NamedTuple):
 def packed_sequences(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int,
                      names=("cu_seqlens_q", "cu_seqlens_k")) -> list[Sequence]:
     """The non-empty sequences of packed input (batch row 0), checked. Reads
-    the tensors (two host syncs): called eagerly by the API and always by the
+    the tensors (two host reads): called eagerly by the API and always by the
     op. Checked and filtered as tensors, so that the trailing empty sequences
     of a compiled caller's fixed-size ``cu_seqlens`` (B·N + 1 entries for B
     rows, hf_sequences) cost nothing per entry: read entry by entry in Python,
     32K of them took 130 ms a call."""
     cu_q, cu_k = cu_q.long(), cu_k.long()
     lengths_q, lengths_k = cu_q.diff(), cu_k.diff()
-    short = (lengths_q > lengths_k).nonzero()
-    stats = torch.stack([cu_q[0], cu_q[-1], cu_k[0], cu_k[-1], _first_decrease(cu_q), _first_decrease(cu_k),
-                         short[0, 0] if short.numel() else cu_q.new_tensor(-1)]).tolist()
+    stats = torch.stack([cu_q[0], cu_q[-1], cu_k[0], cu_k[-1], _first(lengths_q < 0), _first(lengths_k < 0),
+                         _first(lengths_q > lengths_k)]).tolist()
     _check_cu_values(names[0], stats[0], stats[1], stats[4], cu_q, total_q, "q")
     _check_cu_values(names[1], stats[2], stats[3], stats[5], cu_k, total_k, "k")
     if stats[6] >= 0:
         i = stats[6]
         raise ValueError(f"sequence {i} has {lengths_q[i].item()} queries but {lengths_k[i].item()} keys; each "
                          "sequence needs Nq_i ≤ Nk_i (its queries are the last Nq_i of its keys)")
-    nonempty = (lengths_k > 0).nonzero().squeeze(1)  # a sequence without keys has no queries either (checked)
-    rows = torch.stack([cu_q[nonempty], cu_q[nonempty + 1], cu_k[nonempty], cu_k[nonempty + 1]], 1).tolist()
+    bounds = torch.stack([cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]], 1)
+    rows = bounds[lengths_k > 0].tolist()  # a sequence without keys has no queries either (checked)
     return [Sequence(0, slice(qs, qe), slice(ks, ke), qe - qs, ke - ks) for qs, qe, ks, ke in rows]
 
 

@@ -13,9 +13,6 @@ from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_
 from .config import IMPLS, check_branches
 from .dispatch import attend
 
-# Whether triton is installed. It is imported (slow: ~1 s) only when impl="triton"
-# is first used, by load_triton_ops().
-
 
 def load_triton_ops():
     """Import triton and register ``torch.ops.dilcompile.dilated_triton_fwd/bwd``

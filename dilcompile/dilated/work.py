@@ -53,9 +53,10 @@ def block_d(head_dim: int) -> int:
 
 
 # Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages) timed fastest on
-# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in runs/h100-80gb-tune/): at D = 128 1.0x / 2.3x / 2.1x the forward / dq / dk-dv of the choice
-# ptxas register reports had made, at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the
-# heaviest flag variants) and are still the fastest: docs/gpu.md, "Tile choice".
+# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
+# runs/h100-80gb-tune/). Against the choice ptxas register reports had made: at D = 128 the same forward,
+# dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the heaviest flag
+# variants) and are still the fastest: docs/gpu.md, "Tile choice".
 HOPPER_HALF = {
     64: {"fwd": (128, 64, 4, 3), "dq": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3)},
     128: {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (128, 64, 8, 3)},
@@ -84,10 +85,10 @@ def tile_cap(head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd
 
 def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90) -> tuple[int, int]:
     """(owned, walked): the owned tile and the block the walk loads at a time:
-    the timed walk for the timed tile. Untimed, before Hopper the backward kernels walk 32 rows: with 64 a
-    128-row tile spills on sm_80 (dk/dv 260 B, dq 12 B; docs/gpu.md). A
-    shorter walk issues no more pairs, so ``branch_tile``'s bound with the
-    forward's holds."""
+    the timed walk for the timed tile. Untimed, before Hopper the backward
+    kernels walk 32 rows: with 64 a 128-row tile spills on sm_80 (dk/dv 260 B,
+    dq 12 B; docs/gpu.md). A shorter walk issues no more pairs, so
+    ``branch_tile``'s bound with the forward's holds."""
     timed = timed_config(head_dim, dtype_bytes, arch, kernel)
     if timed is not None and tile == timed[0]:
         walk = timed[1]
@@ -108,7 +109,11 @@ def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, ker
     if timed is not None and tile == timed[0]:
         return timed[2], timed[3]
     lanes = block_d(head_dim)
-    return 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2, 2
+    if tile >= 128 or tile * lanes >= 128 * 64:
+        warps = 8
+    else:
+        warps = 4 if tile >= 32 or lanes >= 128 else 2
+    return warps, 2
 
 
 def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2, arch: int = 90,

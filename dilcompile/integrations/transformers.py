@@ -248,14 +248,29 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
     return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
 
 
+_WARNED: set[int] = set()  # configs warned about (by id: a config defines __eq__, so it is unhashable)
+
+
+def _configured_attention(config) -> str | None:
+    """The attention a config's ``dilcompile_*`` keys were written for, or None."""
+    if config is None:
+        return None
+    if getattr(config, "dilcompile_pattern", None) is not None:
+        return "dilcompile_block_sparse"
+    if getattr(config, "dilcompile_segment_lengths", None) is not None:
+        return "dilcompile_dilated"
+    return None
+
+
 def _patch_attention_choice() -> None:
     """Wrap transformers' attention choice (idempotent):
 
     - Models that run their own attention code (BLOOM, GPT-J, Falcon,
-      CodeGen before transformers 5.24, …: ``_supports_attention_backend`` False) never call ours, yet
-      transformers takes any registered name for them — and they then got our
-      mask, not the causal one, and ran silently non-causal. Such a model
-      asking for ours is refused when it is built or switched.
+      CodeGen before transformers 5.24, …: ``_supports_attention_backend``
+      False) never call ours, yet transformers takes any registered name for
+      them — and they then got our mask, not the causal one, and ran silently
+      non-causal. Such a model asking for ours is refused when it is built or
+      switched.
     - A config carrying ``dilcompile_*`` keys (a checkpoint saved with our
       attention) reloaded without ``attn_implementation=`` ran sdpa silently,
       its logits off by more than 1: it now warns, naming the argument (not
@@ -285,20 +300,6 @@ def _patch_attention_choice() -> None:
 
     get_correct_attn_implementation._dilcompile = True
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
-
-
-_WARNED: set[int] = set()  # configs warned about (by id: a config defines __eq__, so it is unhashable)
-
-
-def _configured_attention(config) -> str | None:
-    """The attention a config's ``dilcompile_*`` keys were written for, or None."""
-    if config is None:
-        return None
-    if getattr(config, "dilcompile_pattern", None) is not None:
-        return "dilcompile_block_sparse"
-    if getattr(config, "dilcompile_segment_lengths", None) is not None:
-        return "dilcompile_dilated"
-    return None
 
 
 def register() -> None:

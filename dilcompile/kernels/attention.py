@@ -21,6 +21,7 @@ convention for a row with no key: out 0, lse 0.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -98,6 +99,13 @@ def attention_forward(
 _CUDNN_REFUSED: set[tuple] = set()
 
 
+@functools.lru_cache(maxsize=None)
+def _cudnn_attention_serves(device_index: int) -> bool:
+    """cuDNN attention on this device: cuDNN present and Hopper or newer. Read
+    once per device: the forward asks per piece, 31 times a LongNet call."""
+    return torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def _half_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """fp16 / bf16 forward on CUDA: cuDNN attention where it serves (Hopper and
     newer: 1.6-1.8x the flash kernel on an H100, 640 vs 360 TFLOP/s), else flash.
@@ -105,8 +113,7 @@ def _half_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
     the natural-log lse the flash backward consumes, so either forward pairs
     with that backward."""
     key = (q.dtype, q.shape[-1], causal)
-    if (torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(q.device)[0] >= 9
-            and key not in _CUDNN_REFUSED):
+    if _cudnn_attention_serves(q.device.index) and key not in _CUDNN_REFUSED:
         try:
             res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
             return res[0], res[1].reshape(q.shape[:-1])  # lse (B, H, L, 1) → (B, H, L)

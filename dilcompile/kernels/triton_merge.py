@@ -107,7 +107,8 @@ def merge_pieces(pieces, shape, dtype, device):
     ints = torch.tensor([g for geometry, _, _ in pieces for g in geometry] or [0], dtype=torch.int32)
     addresses = torch.tensor([[o.data_ptr(), l.data_ptr()] for _, o, l in pieces] or [[0, 0]], dtype=torch.int64)
     # one host-to-device copy for all the small tables
-    packed = torch.cat([ints.to(torch.int64), torch.tensor(table, dtype=torch.int64).flatten(), addresses.t().flatten()])
+    packed = torch.cat([ints.to(torch.int64), torch.tensor(table, dtype=torch.int64).flatten(),
+                        addresses.t().flatten()])
     packed = packed.to(device, non_blocking=False)
     geom = packed[: ints.numel()].to(torch.int32)
     head_pieces = packed[ints.numel(): ints.numel() + heads * most].to(torch.int32)

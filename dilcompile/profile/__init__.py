@@ -12,5 +12,5 @@ from .runner import Profiler, SweepInterrupted, run_script, run_sweep
 from .sweep import SweepSpec, from_dict, load
 from .variants import REGISTRY, UnknownVariant, VariantUnavailable, register
 
-__all__ = ["Point", "Profiler", "REGISTRY", "SweepInterrupted", "SweepSpec", "UnknownVariant", "VariantUnavailable", "from_dict",
-           "load", "register", "run_script", "run_sweep"]
+__all__ = ["Point", "Profiler", "REGISTRY", "SweepInterrupted", "SweepSpec", "UnknownVariant", "VariantUnavailable",
+           "from_dict", "load", "register", "run_script", "run_sweep"]

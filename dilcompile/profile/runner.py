@@ -263,13 +263,9 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
             ms = row.get("latency_ms")
             bar.update(f"{point.variant} N={point.seq_len} " + (f"{ms:.2f} ms" if ms is not None else row["status"]))
     except KeyboardInterrupt:
-        interrupted = True
-    else:
-        interrupted = False
+        raise SweepInterrupted(rows, db) from None  # after the finally below has stored the rows
     finally:
         bar.close()
         profiler.close()
         writer.close()
-    if interrupted:
-        raise SweepInterrupted(rows, db) from None
     return rows

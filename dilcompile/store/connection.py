@@ -48,7 +48,8 @@ def _duckdb():
 # extensions; no temp directory, since DuckDB allows its own <db>.tmp/ folder
 # (symlinks in it included) even so; and the settings are locked after opening,
 # so the query cannot SET its way out. The dashboard's SQL page
-# (dashboard/sqlrun.py) opens its snapshot with these settings too.
+# (dashboard/sqlrun.py) opens its snapshot with the same settings, spelled out
+# there: its worker process imports duckdb alone (dilcompile would bring torch).
 SANDBOX = {"enable_external_access": False, "autoload_known_extensions": False,
            "autoinstall_known_extensions": False, "temp_directory": ""}
 
@@ -84,7 +85,8 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
             try:
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"cannot create the folder for {path}: {exc.strerror}; pass --db with a writable path") from exc
+                raise StoreError(f"cannot create the folder for {path}: {exc.strerror}; "
+                                 "pass --db with a writable path") from exc
             target = p if p.exists() else p.parent
             if not os.access(target, os.W_OK):
                 raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")

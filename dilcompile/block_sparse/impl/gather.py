@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from ...kernels.attention import bias_attention_backward, bias_attention_forward
+from ...kernels.masked import masked_matmul
 from ...numerics import accumulator_dtype, merge_into
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
-from ...kernels.masked import masked_matmul
 from .nonfinite import find_nonfinite, nonfinite_backward, nonfinite_forward
 
 

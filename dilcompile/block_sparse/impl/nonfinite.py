@@ -11,9 +11,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ...kernels.masked import masked_attention_backward, masked_matmul
 from ...numerics import accumulator_dtype
 from .calls import GatherPlan
-from ...kernels.masked import masked_attention_backward, masked_matmul
 
 
 class NonFinite(NamedTuple):
