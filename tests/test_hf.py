@@ -126,15 +126,11 @@ def test_missing_config_key_is_a_clear_error():
         model(torch.randint(0, 61, (1, 5)))
 
 
-def test_dropout_and_static_cache_are_refused():
+def test_dropout_is_refused():
     cfg = _config(dilcompile_segment_lengths=[8], dilcompile_dilation_rates=[1], attention_dropout=0.1)
     model = _model("dilcompile_dilated", cfg).train()
     with pytest.raises(ValueError, match="attention_dropout"):
         model(torch.randint(0, 61, (1, 5)))
-    model.eval()
-    with pytest.raises(ValueError, match="DynamicCache"):
-        model.generate(torch.randint(0, 61, (1, 5)), max_new_tokens=2, do_sample=False, pad_token_id=0,
-                       cache_implementation="static")
 
 
 @pytest.mark.parametrize("arch", ["bloom", "codegen"])

@@ -36,8 +36,9 @@ def test_the_hugging_face_tests_pass_under_the_other_end_of_the_supported_range(
     check = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert check.stdout.strip() in ENDS and check.stdout.strip() != transformers.__version__, check.stderr[-1000:]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_hf.py",
-                          "tests/test_hf_batches.py", "tests/test_hf_config.py", "-k", "not compile and not inductor"],
+    files = ["tests/test_hf.py", "tests/test_hf_batches.py", "tests/test_hf_config.py", "tests/test_hf_static_cache.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
+                          "-k", "not compile and not inductor"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"under transformers {check.stdout.strip()}:\n{run.stdout[-4000:]}"
     assert " passed" in run.stdout.splitlines()[-1], run.stdout[-500:]

@@ -52,3 +52,35 @@ def unflatten(x: Tensor, batch: int) -> Tensor:
     """(1, H, B·N, D) → (B, H, N, D), the inverse of ``flatten``."""
     _, h, total, d = x.shape
     return x.reshape(h, batch, total // batch, d).transpose(0, 1)
+
+
+# A static cache's key slots, as the mask function describes them to the attention (uint8, (B, max_cache_len)).
+PAD, REAL, EMPTY = 0, 1, 2
+
+
+def slot_codes(padding: Tensor | None, batch: int, q_offset, q_length: int, kv_length: int, device) -> Tensor:
+    """(B, kv_length) uint8 codes of a static cache's slots: ``EMPTY`` from
+    slot q_offset + q_length on (not yet written), else ``REAL`` or ``PAD``
+    by the padding mask (True = keep, slot-aligned from slot 0; shorter masks
+    keep the slots they do not cover). ``q_offset`` may be a tensor (the
+    cache's written length, which transformers keeps as a tensor so that
+    decode steps share one graph)."""
+    slots = torch.arange(kv_length, device=device)
+    written = slots < q_offset + q_length
+    keep = torch.ones(batch, kv_length, dtype=torch.bool, device=device)
+    if padding is not None:
+        keep[:, : padding.shape[1]] = padding
+    return torch.where(written, keep.to(torch.uint8), EMPTY)
+
+
+def cache_order(key: Tensor, value: Tensor, codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A static cache's (B, H, S, D) keys and values rotated so the written
+    slots end the key axis — the queries, the last written slots, then sit
+    where the padded path places them (the last Nq positions) — and the
+    (B, S) padding mask, True for pads and the empty slots now in front.
+    One gather of the cache per call (sdpa reads the whole cache too); the
+    rotation is a tensor, so every decode step runs the same graph."""
+    slots = codes.shape[1]
+    written = (codes[0] != EMPTY).sum()  # the same for every row: a cache is written in step
+    order = (torch.arange(slots, device=codes.device) + written) % slots
+    return key.index_select(2, order), value.index_select(2, order), codes.index_select(1, order) != REAL

@@ -34,9 +34,12 @@ Both are tensor computations with fixed shapes: a model compiles with
 ``fullgraph=True`` with or without a mask, for training or under
 ``torch.no_grad`` with the KV cache (serving). The mask function refuses, with a
 ValueError, what these cannot express exactly: masks other than causal /
-bidirectional (sliding windows, custom mask functions), and caches whose keys
-do not end at the last query (static or sliding caches; use the default
-``DynamicCache``). Grouped-query attention repeats the key/value heads;
+bidirectional (sliding windows, custom mask functions), and sliding-window
+caches. A static cache (``cache_implementation="static"``) hands the attention
+its whole buffer, queries in the middle: the mask function describes its
+slots (``hf_sequences.slot_codes``) and the attention rotates the written
+slots to the end of the key axis, one graph for every decode step.
+Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
 (set the config's attention dropout to 0, or call ``model.eval()``).
 """
@@ -123,11 +126,16 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
         raise ValueError(f"dilcompile attention expresses only plain causal or bidirectional masks plus padding "
                          f"and packing; this model asks for {getattr(base, '__name__', base)!r} (a sliding "
                          "window or a custom mask): use attn_implementation='sdpa' for it")
-    if kv_offset != 0 or q_offset + q_length != kv_length:
-        raise ValueError(f"dilcompile attention needs the keys to end at the last query (query i at key position "
-                         f"Nk − Nq + i); got q_offset={q_offset}, q_length={q_length}, kv_offset={kv_offset}, "
-                         f"kv_length={kv_length} — a static or sliding cache: use the default DynamicCache "
-                         "(cache_implementation=None)")
+    if kv_offset != 0 or (not isinstance(q_offset, Tensor) and q_offset + q_length > kv_length):
+        raise ValueError(f"dilcompile attention needs every key from the sequence's first token on (got q_offset="
+                         f"{q_offset}, q_length={q_length}, kv_offset={kv_offset}, kv_length={kv_length}) — a "
+                         "sliding-window cache: use the default DynamicCache or cache_implementation='static'")
+    if isinstance(q_offset, Tensor) or q_offset + q_length < kv_length:  # a static cache: keys are its slots
+        if attention_mask is not None and attention_mask.shape[1] > kv_length:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens but the static cache holds "
+                             f"{kv_length}; generate with a larger max_cache_len")
+        padding = None if attention_mask is None else attention_mask.bool()
+        return hf_sequences.slot_codes(padding, batch_size, q_offset, q_length, kv_length, kwargs.get("device"))
     if attention_mask is None:
         return packed_ids
     attention_mask = attention_mask[:, -kv_length:].bool()
@@ -172,6 +180,9 @@ def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
 def _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs) -> Tensor:
     """Run ``attention(q, k, v, causal, scale, **sequences)`` with the batch's
     sequences described as the attention API takes them; → (B, Nq, H, D)."""
+    if attention_mask is not None and attention_mask.dtype == torch.uint8:  # a static cache's slot codes
+        key, value, pads = hf_sequences.cache_order(key, value, attention_mask)  # before GQA's repeat: less to move
+        attention_mask = ~pads  # now a padding mask like any other, the queries at the end of the keys
     q, k, v, causal = _inputs(module, query, key, value, attention_mask, dropout)
     q, scale = _constant_scale(q, scaling)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")

@@ -1,0 +1,123 @@
+"""Hugging Face static-cache serving: ``generate(..., cache_implementation="static")``,
+eager and with a compiled forward, equals generation with the default
+``DynamicCache`` token for token and logit for logit, left-padded batches
+included; the compiled decode step is one graph over every step.
+
+A static cache hands the attention its whole ``max_cache_len`` buffer with
+the queries in the middle and unwritten slots after them; the mask function
+describes the slots (``hf_sequences.slot_codes``) and the attention rotates
+the written slots to the end of the key axis (``hf_sequences.cache_order``),
+where the padded path places its queries (docs/design.md, "Variable-length
+batches"; docs/serving.md)."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import AutoModelForCausalLM, CompileConfig, LlamaConfig
+
+from dilcompile.integrations import hf_sequences
+from dilcompile.integrations.transformers import _padding_mask, configure, register
+from test_hf_batches import IMPLS, SETTINGS, VOCAB, _lengths, _llama, _padded, _tokens
+
+register()
+
+GREEDY = {"max_new_tokens": 10, "min_new_tokens": 10, "do_sample": False, "pad_token_id": 0,
+          "output_logits": True, "return_dict_in_generate": True}
+
+
+def _prompts(seed):
+    prompts = [_tokens(seed * 10 + i, n) for i, n in enumerate(_lengths(seed, 3, 6, 17))]
+    return _padded(prompts, "left")
+
+
+def _small_llama(impl):
+    """One layer, float32: what compiles in seconds."""
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+    configure(cfg, **SETTINGS)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+
+
+def _assert_same_generation(got, want, atol):
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seed", [7, 8])
+def test_static_cache_generate_equals_dynamic_cache(impl, seed):
+    """Real dilation / sparsity (segments shorter than the prompts), left padding, float64: equal to
+    rounding. Refused before ("keys do not end at the last query")."""
+    model = _llama(impl)
+    ids, mask = _prompts(seed)
+    dynamic = model.generate(ids, attention_mask=mask, **GREEDY)
+    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **GREEDY)
+    _assert_same_generation(static, dynamic, atol=1e-10)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_compiled_static_cache_decode_is_one_graph_and_equals_eager(impl):
+    """transformers' own serving path: with a static cache, generate compiles the decode step
+    (``compile_config``; on CPU only when asked with ``_compile_all_devices``). fullgraph, float32:
+    tokens equal, logits within 1e-5 of eager DynamicCache generation; 9 decode steps, one graph."""
+    model = _small_llama(impl)
+    ids, mask = _prompts(7)
+    eager = model.generate(ids, attention_mask=mask, **GREEDY)
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.generate(ids, attention_mask=mask, cache_implementation="static", compile_config=config,
+                              **GREEDY)
+    _assert_same_generation(compiled, eager, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+def test_compiled_forward_serves_prefill_and_decode_with_two_graphs():
+    """The other common recipe: ``model.forward = torch.compile(model.forward, fullgraph=True)``, so the
+    prefill is compiled too — one graph for it, one for every decode step."""
+    model = _small_llama("dilcompile_dilated")
+    ids, mask = _prompts(8)
+    eager = model.generate(ids, attention_mask=mask, **GREEDY)
+    torch._dynamo.reset()
+    counters.clear()
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        compiled = model.generate(ids, attention_mask=mask, cache_implementation="static", **GREEDY)
+    _assert_same_generation(compiled, eager, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cache_order_puts_the_written_slots_last_in_order(seed):
+    """Random batch, cache size, written length, queries and padding: after the rotation the keys the
+    padded path keeps are each row's real written slots in slot order, ending with the query slots."""
+    g = torch.Generator().manual_seed(seed)
+    batch, slots = int(torch.randint(1, 4, (), generator=g)), int(torch.randint(2, 40, (), generator=g))
+    q_length = int(torch.randint(1, slots + 1, (), generator=g))
+    q_offset = int(torch.randint(0, slots - q_length + 1, (), generator=g))
+    padding = torch.rand(batch, q_offset + q_length, generator=g) > 0.3
+    padding[:, q_offset:] = True  # new tokens are real
+    as_tensor = bool(seed % 2)  # transformers keeps a static cache's written length as a tensor
+    offset = torch.tensor(q_offset) if as_tensor else q_offset
+    codes = hf_sequences.slot_codes(padding, batch, offset, q_length, slots, "cpu")
+    keys = torch.arange(slots, dtype=torch.float64).expand(batch, 2, slots)[..., None]  # (B, H, S, 1): slot index
+    k, v, pads = hf_sequences.cache_order(keys, keys + 0.5, codes)
+    for b in range(batch):
+        real = padding[b].nonzero().flatten().double()
+        assert torch.equal(k[b, 0, ~pads[b], 0], real)
+        assert torch.equal(v[b, 1, ~pads[b], 0], real + 0.5)
+        assert torch.equal(k[b, 0, -q_length:, 0], torch.arange(q_offset, q_offset + q_length).double())
+
+
+def test_sliding_caches_and_masks_longer_than_the_cache_are_refused():
+    from transformers.masking_utils import causal_mask_function
+
+    common = dict(batch_size=1, q_length=1, mask_function=causal_mask_function, device="cpu")
+    with pytest.raises(ValueError, match="sliding-window cache"):
+        _padding_mask(kv_length=8, q_offset=9, kv_offset=2, **common)
+    with pytest.raises(ValueError, match="max_cache_len"):
+        _padding_mask(kv_length=8, q_offset=torch.tensor(3), attention_mask=torch.ones(1, 9), **common)
