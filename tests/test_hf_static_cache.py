@@ -10,6 +10,8 @@ the written slots to the end of the key axis (``hf_sequences.cache_order``),
 where the padded path places its queries (docs/design.md, "Variable-length
 batches"; docs/serving.md)."""
 
+import importlib
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -121,3 +123,17 @@ def test_sliding_caches_and_masks_longer_than_the_cache_are_refused():
         _padding_mask(kv_length=8, q_offset=9, kv_offset=2, **common)
     with pytest.raises(ValueError, match="max_cache_len"):
         _padding_mask(kv_length=8, q_offset=torch.tensor(3), attention_mask=torch.ones(1, 9), **common)
+
+
+@pytest.mark.parametrize("name", ["dilated_varlen_fwd", "dilated_varlen_bwd", "block_sparse_varlen_fwd",
+                                  "block_sparse_varlen_bwd", "block_sparse_fwd", "block_sparse_bwd",
+                                  "counted_attention_reference", "masked_attention_reference"])
+def test_ops_that_read_values_on_the_host_are_kept_out_of_cuda_graphs(name):
+    """transformers compiles generate's decode step with mode="reduce-overhead" on CUDA (CUDA graphs); a
+    graph holding an op that reads tensor values on the host (the padded path's metadata, block-sparse's
+    non-finite check) cannot be captured. Tagged cudagraph_unsafe, Inductor runs such a graph without
+    CUDA graphs instead of failing at capture."""
+    for module in ("dilated.varlen_ops", "dilated.impl.reference", "block_sparse.ops", "block_sparse.varlen_ops",
+                   "block_sparse.impl.reference"):  # importing a module registers its ops
+        importlib.import_module(f"dilcompile.{module}")
+    assert torch.Tag.cudagraph_unsafe in getattr(torch.ops.dilcompile, name).default.tags

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..numerics import accumulator_dtype
+from ..op_tags import HOST_READS
 from . import cache
 from .impl.gather import gather_backward, gather_forward
 
@@ -53,7 +54,7 @@ def gather_eager(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tenso
     return gather_forward(q, k, v, plan, scale)[0].contiguous()
 
 
-@torch.library.custom_op("dilcompile::block_sparse_fwd", mutates_args=())
+@torch.library.custom_op("dilcompile::block_sparse_fwd", mutates_args=(), tags=HOST_READS)
 def block_sparse_fwd(q: Tensor, k: Tensor, v: Tensor, structure: str, numbers: Tensor, causal: bool, scale: float,
                      block_size: int) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D), lse (B, H, N) of block-sparse attention (gather backend)."""
@@ -67,7 +68,7 @@ def _(q, k, v, structure, numbers, causal, scale, block_size):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
 
 
-@torch.library.custom_op("dilcompile::block_sparse_bwd", mutates_args=())
+@torch.library.custom_op("dilcompile::block_sparse_bwd", mutates_args=(), tags=HOST_READS)
 def block_sparse_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, structure: str,
                      numbers: Tensor, causal: bool, scale: float, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
     grads = gather_backward(grad_out, q, k, v, out, lse, _plan(q, structure, numbers, causal, block_size), scale)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .. import varlen
+from ..op_tags import HOST_READS
 from ..patterns.spec import from_template
 from .dispatch import attend as attend_one
 
@@ -26,7 +27,7 @@ def _attend(structure, numbers, causal, scale, impl, block_size):
     return attend
 
 
-@torch.library.custom_op("dilcompile::block_sparse_varlen_fwd", mutates_args=())
+@torch.library.custom_op("dilcompile::block_sparse_varlen_fwd", mutates_args=(), tags=HOST_READS)
 def block_sparse_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor | None, cu_k: Tensor | None,
                             key_padding_mask: Tensor | None, structure: str, numbers: Tensor, causal: bool,
                             scale: float, impl: str, block_size: int) -> Tensor:
@@ -42,7 +43,7 @@ def _(q, k, v, cu_q, cu_k, key_padding_mask, structure, numbers, causal, scale, 
     return q.new_empty(q.shape)
 
 
-@torch.library.custom_op("dilcompile::block_sparse_varlen_bwd", mutates_args=())
+@torch.library.custom_op("dilcompile::block_sparse_varlen_bwd", mutates_args=(), tags=HOST_READS)
 def block_sparse_varlen_bwd(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
                             cu_q: Tensor | None, cu_k: Tensor | None, key_padding_mask: Tensor | None, structure: str,
                             numbers: Tensor, causal: bool, scale: float, impl: str,

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .. import varlen
 from ..numerics import accumulator_dtype
+from ..op_tags import HOST_READS
 from .dispatch import attend as attend_one
 
 
@@ -23,7 +24,7 @@ def _attend(segment_lengths, dilation_rates, mode, causal, scale, impl):
     return attend
 
 
-@torch.library.custom_op("dilcompile::dilated_varlen_fwd", mutates_args=())
+@torch.library.custom_op("dilcompile::dilated_varlen_fwd", mutates_args=(), tags=HOST_READS)
 def dilated_varlen_fwd(
     q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor | None, cu_k: Tensor | None, key_padding_mask: Tensor | None,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float, impl: str,
@@ -41,7 +42,7 @@ def _(q, k, v, cu_q, cu_k, key_padding_mask, segment_lengths, dilation_rates, mo
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
 
 
-@torch.library.custom_op("dilcompile::dilated_varlen_bwd", mutates_args=())
+@torch.library.custom_op("dilcompile::dilated_varlen_bwd", mutates_args=(), tags=HOST_READS)
 def dilated_varlen_bwd(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor | None,
     cu_k: Tensor | None, key_padding_mask: Tensor | None, segment_lengths: list[int], dilation_rates: list[int],

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ...kernels.masked import masked_attention_backward, masked_matmul
+from ...op_tags import HOST_READS
 
 
 def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -33,7 +34,7 @@ def probabilities(q: Tensor, k: Tensor, mask: Tensor, scale: float, bias: Tensor
     return torch.where(mask.any(-1, keepdim=True), p, 0.0)  # empty rows: softmax of all −inf is NaN → 0
 
 
-@torch.library.custom_op("dilcompile::masked_attention_reference", mutates_args=())
+@torch.library.custom_op("dilcompile::masked_attention_reference", mutates_args=(), tags=HOST_READS)
 def _reference_op(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     return masked_matmul(probabilities(q, k, mask, scale), v.double(), mask)
 
@@ -43,7 +44,7 @@ def _(q, k, v, mask, scale):
     return q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float64)
 
 
-@torch.library.custom_op("dilcompile::masked_attention_reference_bwd", mutates_args=())
+@torch.library.custom_op("dilcompile::masked_attention_reference_bwd", mutates_args=(), tags=HOST_READS)
 def _reference_bwd_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
                       scale: float) -> tuple[Tensor, Tensor, Tensor]:
     p = probabilities(q, k, mask, scale)  # recomputed: the oracle keeps one O(N²) matrix at a time

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ...kernels.masked import masked_attention_backward
+from ...op_tags import HOST_READS
 from ..geometry import Part, multiplicity
 
 
@@ -66,7 +67,7 @@ def _attended_nonfinite_values(out: Tensor, attended: Tensor, v: Tensor) -> Tens
     return torch.where((undefined | pos | neg) & ~out.isnan(), value.to(out.dtype), out)
 
 
-@torch.library.custom_op("dilcompile::counted_attention_reference", mutates_args=())
+@torch.library.custom_op("dilcompile::counted_attention_reference", mutates_args=(), tags=HOST_READS)
 def _reference_op(q: Tensor, k: Tensor, v: Tensor, count: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     p, lse, attended = _probabilities(q, k, count, scale)
     v = v.double()
@@ -88,7 +89,7 @@ def _(q, k, v, count, scale):
             q.new_empty((*batch, q.shape[-2]), dtype=torch.float64))
 
 
-@torch.library.custom_op("dilcompile::counted_attention_reference_bwd", mutates_args=())
+@torch.library.custom_op("dilcompile::counted_attention_reference_bwd", mutates_args=(), tags=HOST_READS)
 def _reference_bwd_op(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, count: Tensor,
                       scale: float) -> tuple[Tensor, Tensor, Tensor]:
     p, _, attended = _probabilities(q, k, count, scale)  # recomputed: one O(N²) matrix at a time
