@@ -9,6 +9,7 @@ docs/performance-block-sparse.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from torch import Tensor
 from ...kernels.attention import bias_attention_backward, bias_attention_forward
 from ...kernels.masked import masked_matmul
 from ...numerics import accumulator_dtype, merge_into
-from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall
+from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall, score_elements
 from .nonfinite import find_nonfinite, nonfinite_backward, nonfinite_forward
 
 
@@ -185,17 +186,36 @@ def _gather(xb: Tensor, idx: Tensor) -> Tensor:
     return xb.reshape(h * nb, bs * d).index_select(0, flat).view(h, c, k * bs, d)
 
 
-def _same_for_every_head(calls) -> bool:
-    """Whether every call's keys, queries and mask are one for all heads (Hp = 1):
-    then the batch rows fold into the heads, (B, H, …) → (1, B·H, …), and each
-    call runs once for the whole batch — a group of same-length packed
-    documents in one call, where a Python loop ran the calls once per row
-    (~1 ms per document). Per-head patterns keep the loop over rows."""
-    def one_for_all(call) -> bool:
-        qtok = getattr(call, "qtok", None)  # picked query tokens (their qvalid has the same heads)
-        return call.idx.shape[0] == 1 and (qtok is None or qtok.shape[0] == 1)
+def _tiled(x: Tensor | None, rows: int) -> Tensor | None:
+    """A per-head tensor (Hp, …) for ``rows`` batch rows folded into the heads:
+    (rows·Hp, …) — unchanged when it is the same for every head (Hp = 1). A
+    mask broadcast over its rows (stride 0) stays broadcast."""
+    if x is None or x.shape[0] == 1 or rows == 1:
+        return x
+    if x.dim() > 1 and x.shape[1] > 1 and x.stride(1) == 0:
+        return x[:, :1].repeat(rows, *[1] * (x.dim() - 1)).expand(rows * x.shape[0], *x.shape[1:])
+    return x.repeat(rows, *[1] * (x.dim() - 1))
 
-    return all(one_for_all(call) for call in calls)
+
+def _row_groups(call: Call, batch: int, heads: int, block_size: int, fold_elements: int, *per_head):
+    """The batch rows one kernel call of ``call`` takes at a time, folded into
+    its heads ((B, H, …) → (B·H, …), a view): as many as keep the call within
+    ``fold_elements`` score elements (``PlanOptions``), so many short
+    sequences of one length — a group of packed documents, the rows of a
+    padded batch — run in one call, where a Python loop ran each row (~1 ms
+    per document), while long rows keep one call each; per-head tensors (the
+    call's key and query ids, its mask) are repeated per folded row. Yields
+    (heads slice, call, per-head…)."""
+    per_row = heads * score_elements(call, block_size)
+    group = max(1, min(batch, fold_elements // per_row))
+    made = {}
+    for first in range(0, batch, group):
+        rows = min(group, batch - first)
+        if rows not in made:
+            ids = {name: _tiled(getattr(call, name), rows) for name in ("idx", "valid", "full", "qtok", "qvalid")
+                   if getattr(call, name, None) is not None}
+            made[rows] = (dataclasses.replace(call, **ids), *(_tiled(x, rows) for x in per_head))
+        yield slice(first * heads, (first + rows) * heads), *made[rows]
 
 
 def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: float) -> tuple[Tensor, Tensor]:
@@ -210,26 +230,26 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     new = torch.empty if plan.writes_every_row else torch.zeros  # a fill is a pass over the output
     out = new(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
     lse = torch.full((b, h, nb, bs), float("-inf"), dtype=acc, device=q.device)
-    rows = 1 if _same_for_every_head(plan.calls) else b
-    qb, kb, vb, cout_all, clse_all = (x.reshape(rows, -1, *x.shape[2:]) for x in (qb, kb, vb, out, lse))
+    folded = [x.reshape(1, b * h, *x.shape[2:]) for x in (qb, kb, vb, out, lse)]
     for call in plan.calls:
         mask, nonempty = plan.token_mask(call, q.dtype)
-        ops = _operands(call, bs)
-        cq, ck, cv, cout, clse = _in_units(ops.unit, qb, kb, vb, cout_all, clse_all)
-        for i in range(rows):
-            qi = _take(cq[i], ops.queries)
-            o, l = bias_attention_forward(_one_run(qi, call.shared), ops.keys(ck[i]), ops.keys(cv[i]), mask, scale)
+        cq, ck, cv, cout, clse = (x[0] for x in _in_units(_operands(call, bs).unit, *folded))
+        for heads, part, mask, nonempty in _row_groups(call, b, h, bs, plan.options.fold_elements, mask, nonempty):
+            ops = _operands(part, bs)
+            qi = _take(cq[heads], ops.queries)
+            o, l = bias_attention_forward(_one_run(qi, part.shared), ops.keys(ck[heads]), ops.keys(cv[heads]), mask,
+                                          scale)
             o, l = o.reshape(qi.shape), l.reshape(qi.shape[:-1])
             if nonempty is not None:
                 l = l.masked_fill(~nonempty, float("-inf"))
-            if call.merge:  # in place: into views of out and lse, or into copies written back
-                o_old, l_old = _take(cout[i], ops.queries), _take(clse[i], ops.queries)
+            if part.merge:  # in place: into views of out and lse, or into copies written back
+                o_old, l_old = _take(cout[heads], ops.queries), _take(clse[heads], ops.queries)
                 merge_into(o_old, l_old, o, l)
                 if isinstance(ops.queries, slice):
                     continue
                 o, l = o_old, l_old
-            _put(cout[i], ops.queries, o)
-            _put(clse[i], ops.queries, l)
+            _put(cout[heads], ops.queries, o)
+            _put(clse[heads], ops.queries, l)
     lse = torch.where(lse.isfinite(), lse, torch.zeros_like(lse))
     return out.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous(), lse.flatten(2, 3)[:, :, :n].contiguous()
 
@@ -249,22 +269,22 @@ def gather_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     acc = accumulator_dtype(q.dtype)
     dq = torch.zeros(qb.shape, dtype=acc, device=q.device)
     dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
-    rows = 1 if _same_for_every_head(plan.backward_calls) else b
-    folded = [x.reshape(rows, -1, *x.shape[2:]) for x in (qb, kb, vb, dob, ob, lb, dq, dk, dv)]
+    folded = [x.reshape(1, b * h, *x.shape[2:]) for x in (qb, kb, vb, dob, ob, lb, dq, dk, dv)]
     for call in plan.backward_calls:
         mask, _ = plan.token_mask(call, q.dtype)
-        ops, shared = _operands(call, bs), call.shared
-        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = _in_units(ops.unit, *folded)
-        for i in range(rows):
-            do_i = _take(cdo[i], ops.queries)
+        cq, ck, cv, cdo, co, cl, cdq, cdk, cdv = (x[0] for x in _in_units(_operands(call, bs).unit, *folded))
+        for heads, part, mask in _row_groups(call, b, h, bs, plan.options.fold_elements, mask):
+            ops, shared = _operands(part, bs), part.shared
+            do_i = _take(cdo[heads], ops.queries)
             if ops.qvalid is not None:  # a repeated query slot must not add to dk, dv (nor dq) twice
                 do_i = do_i * ops.qvalid[..., None].to(do_i.dtype)
-            g_q, g_k, g_v = bias_attention_backward(_one_run(do_i, shared), _one_run(_take(cq[i], ops.queries), shared),
-                                        ops.keys(ck[i]), ops.keys(cv[i]), _one_run(_take(co[i], ops.queries), shared),
-                                        _one_run(_take(cl[i], ops.queries), shared), mask, scale)
-            _put(cdq[i], ops.queries, g_q.to(acc).reshape(do_i.shape), add=True)
-            ops.add_keys(cdk[i], g_k)
-            ops.add_keys(cdv[i], g_v)
+            g_q, g_k, g_v = bias_attention_backward(
+                _one_run(do_i, shared), _one_run(_take(cq[heads], ops.queries), shared), ops.keys(ck[heads]),
+                ops.keys(cv[heads]), _one_run(_take(co[heads], ops.queries), shared),
+                _one_run(_take(cl[heads], ops.queries), shared), mask, scale)
+            _put(cdq[heads], ops.queries, g_q.to(acc).reshape(do_i.shape), add=True)
+            ops.add_keys(cdk[heads], g_k)
+            ops.add_keys(cdv[heads], g_v)
     return tuple(x.flatten(2, 3)[:, :, :n].to(q.dtype).contiguous() for x in (dq, dk, dv))
 
 
