@@ -165,3 +165,23 @@ def test_hugging_face_llama_training_step_on_cuda_equals_cpu(attention):
     for name, g in grads[0].items():
         assert torch.isfinite(grads[1][name]).all(), name
         assert _relative(grads[1][name].cpu(), g) <= 1e-4, (name, _relative(grads[1][name].cpu(), g))
+
+
+def test_auto_trains_with_triton_where_measured_faster_and_equals_it():
+    """impl="auto" on an sm_90 device at bf16, D = 128: triton when a gradient is needed (measured faster,
+    dilated/work.py), sdpa for the forward alone; auto's results are exactly the chosen impl's."""
+    from dilcompile.dilated import choose_impl
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the measured choice is for sm_90")
+    q, k, v = (torch.randn(1, 8, 8192, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    assert choose_impl(q, "auto") == "triton"
+    with torch.no_grad():
+        assert choose_impl(q, "auto") == "sdpa"
+    kw = dict(segment_lengths=(1024, 2048, 4096), dilation_rates=(1, 2, 4), causal=True)
+    grad = torch.randn_like(q)
+    auto, triton = (dilated_attention(q, k, v, impl=impl, **kw) for impl in ("auto", "triton"))
+    for a, b in zip((auto, *torch.autograd.grad(auto, (q, k, v), grad)),
+                    (triton, *torch.autograd.grad(triton, (q, k, v), grad))):
+        assert torch.equal(a, b)

@@ -92,6 +92,12 @@ try:
             f = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(2048, 4096, 8192, 16384, 32768),
                                                   dilation_rates=(1, 2, 4, 8, 16), impl="triton")
             report(compile_for_sm90(f, q, k, v, dynamic=case.endswith("dynamic") or None))
+        elif case.startswith("auto"):  # impl="auto", H100, bf16, D = 128: triton where it trains faster
+            from dilcompile import dilated_attention
+            q, k, v = (cuda(1, 8, 4096, 128).requires_grad_(training) for _ in range(3))
+            f = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(1024, 2048),
+                                                  dilation_rates=(1, 2)).float().square().mean()
+            report(compile_for_sm90(f, q, k, v, backward=training))
         elif case == "triton-backward":
             import dilcompile.dilated.triton_ops  # noqa: F401  registers the ops
             q, k, v, o, do = (cuda(1, 4, 512, 64) for _ in range(5))
@@ -197,6 +203,18 @@ def test_block_sparse_flex_with_dynamic_lengths_compiles_for_sm90():
     # the graph eager impl="flex" compiles at a sequence's second length (block_sparse/impl/flex.py)
     names = [name for name, _, _ in _compile("block-sparse-128-dynamic")]
     assert any("flex_attention" in name for name in names), names
+
+
+def test_auto_serves_inference_with_the_sdpa_path_for_sm90():
+    names = [name for name, _, _ in _compile("auto-inference")]
+    assert not [name for name in names if name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")], names
+
+
+def test_auto_trains_with_the_triton_kernels_for_sm90(fake_cuda_runtime):
+    # measured faster for training on an H100 at bf16, D = 128 (dilated/work.py, TRITON_TRAINS_FASTER);
+    # the device query folds to a constant: one graph, fullgraph
+    names = {name for name, _, _ in _compile("auto-training", fake_cuda_runtime)}
+    assert {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"} <= names, names
 
 
 def test_longnet_decoder_forward_and_loss_compile_for_sm90():

@@ -13,6 +13,7 @@ import torch
 from dilcompile import dilated_attention
 from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
+from dilcompile.dilated import work
 from dilcompile.dilated.work import MAX_WASTE, branch_tile, class_pairs, kernel_work, predict_ms, tile_shape
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
 
@@ -130,3 +131,14 @@ def test_prediction_is_a_roofline():
     assert fwd == pytest.approx(flops / 989e12 * 1e3)
     assert predict_ms("fwd_bwd", 1, 16, n, 128, segments, rates) > 3 * fwd
     assert predict_ms("fwd", 1, 16, n, 128, segments, rates, dtype="float32") > 10 * fwd
+
+
+@pytest.mark.parametrize("arch, dtype_bytes, head_dim, training, want", [
+    (90, 2, 128, True, "triton"),   # measured: triton trains faster on the H100 at bf16, D = 128
+    (90, 2, 128, False, "sdpa"),    # the forward alone: sdpa faster from 64K
+    (90, 2, 64, True, "sdpa"),      # not measured: the default stays
+    (90, 4, 128, True, "sdpa"),
+    (80, 2, 128, True, "sdpa"),
+])
+def test_auto_takes_triton_only_where_it_was_measured_to_train_faster(arch, dtype_bytes, head_dim, training, want):
+    assert work.auto_impl(arch, dtype_bytes, head_dim, training) == want

@@ -10,6 +10,7 @@ from ..checks import check_bool, check_qkv, softmax_scale
 from ..kernels import HAS_TRITON, backend_for
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from . import varlen_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_varlen_fwd/bwd)
+from . import work
 from .config import IMPLS, check_branches
 from .dispatch import attend
 
@@ -27,8 +28,12 @@ def load_triton_ops():
     return triton_ops
 
 
-def choose_impl(q: Tensor, impl: str) -> str:
-    """The implementation ``impl`` resolves to for ``q``; raises if it cannot serve it."""
+def choose_impl(q: Tensor, impl: str, needs_grad: bool | None = None) -> str:
+    """The implementation ``impl`` resolves to for ``q``; raises if it cannot
+    serve it. "auto": "sdpa", except on a CUDA device, dtype and head dim
+    where the fused Triton kernels were measured to train faster, when a
+    gradient is needed (``needs_grad``; default: grad mode on and q requires
+    grad) — ``work.auto_impl``. Dynamo folds the device query to a constant."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference":
@@ -39,8 +44,13 @@ def choose_impl(q: Tensor, impl: str) -> str:
 
         check_triton_input(q)
         return impl
-    # "auto" stays on the fused SDPA kernels: why, in docs/performance.md ("impl="triton"").
     backend_for(q.device, q.dtype, q.shape[-1])  # raises with the reason if no kernel serves q
+    if q.device.type == "cuda" and HAS_TRITON:
+        if needs_grad is None:
+            needs_grad = torch.is_grad_enabled() and q.requires_grad
+        props = torch.cuda.get_device_properties(q.device)
+        if work.auto_impl(10 * props.major + props.minor, q.dtype.itemsize, q.shape[-1], needs_grad) == "triton":
+            return choose_impl(q, "triton")
     return "sdpa"
 
 
@@ -88,7 +98,8 @@ def dilated_attention(
             row. Pad rows output 0 (lse −inf). docs/design.md, "Variable-length batches".
         impl: "sdpa" (fused attention kernels), "triton" (all branches in
             one fused Triton kernel; CUDA, or CPU under TRITON_INTERPRET=1),
-            "reference" (float64 oracle, O(N²) memory) or "auto" (= "sdpa").
+            "reference" (float64 oracle, O(N²) memory) or "auto": "sdpa", and
+            "triton" for training where it was measured faster (:func:`choose_impl`).
         cu_seqlens: packed input — q, k, v (1, H, total, D) hold S sequences
             end to end, sequence i at rows [cu[i], cu[i + 1]); an int32/int64
             tensor (S + 1,) from 0 to total (FlashAttention's varlen
@@ -112,7 +123,7 @@ def dilated_attention(
     varlen.check_varlen_args(key_padding_mask, cu_seqlens, cu_seqlens_q, cu_seqlens_k, key_mask)
     if key_mask is not None:
         varlen.check_padding_mask("key_mask", key_mask, k.shape[0], k.shape[2], k.device)
-    chosen = choose_impl(q, impl)
+    chosen = choose_impl(q, impl, torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     config = (list(segments), list(rates), mode, causal, float(scale), chosen)
     if key_padding_mask is not None:
         varlen.check_padding_mask("key_padding_mask", key_padding_mask, k.shape[0], k.shape[2], k.device)

@@ -63,6 +63,20 @@ HOPPER_HALF = {
 }
 
 
+# impl="auto" on CUDA: the (compute capability, dtype bytes, head dim) where the fused Triton kernels trained
+# faster than the sdpa path. H100, bf16, D = 128, the LongNet configuration (docs/performance.md, "H100
+# numbers"): forward + backward 7.28 vs 18.9 ms at 16K, 27.9 vs 34.4 at 64K, 54.8 vs 63.5 at 128K. The
+# forward alone stays on sdpa (4.76 vs 6.53 ms at 64K, 68.4 vs 101 at 1M; triton only at 16K, 1.68 vs 3.61):
+# the choice reads no length, which would recompile a dynamic-shape graph where it crosses a threshold.
+TRITON_TRAINS_FASTER = {(90, 2, 128)}
+
+
+def auto_impl(arch: int, dtype_bytes: int, head_dim: int, training: bool) -> str:
+    """What impl="auto" runs on a CUDA device of compute capability ``arch``:
+    "triton" where it was measured to train faster, else "sdpa"."""
+    return "triton" if training and (arch, dtype_bytes, head_dim) in TRITON_TRAINS_FASTER else "sdpa"
+
+
 def timed_config(head_dim: int, dtype_bytes: int, arch: int, kernel: str) -> tuple[int, int, int, int] | None:
     """``HOPPER_HALF``'s entry for this kernel, or None where nothing was timed."""
     if arch != 90 or dtype_bytes != 2:
