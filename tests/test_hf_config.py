@@ -3,6 +3,7 @@ when they are set — by attribute, configure(), AutoConfig / from_pretrained
 keywords, or loading a saved config — with one error naming the key."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +134,45 @@ def test_a_checkpoint_saved_with_our_attention_warns_when_reloaded_with_another(
         reloaded = AutoModelForCausalLM.from_pretrained(again, attn_implementation="dilcompile_dilated")
     assert reloaded.config._attn_implementation == "dilcompile_dilated"
     assert not [w for w in caught if "dilcompile_" in str(w.message)]
+
+
+_BEFORE_REGISTER = r"""
+import json, sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained(sys.argv[1])  # a checkpoint saved with our attention's keys
+from dilcompile.integrations.transformers import register
+register()  # the usual order: a config loaded first, then register(), then the model
+model = AutoModelForCausalLM.from_config(config, attn_implementation="dilcompile_block_sparse", dtype=torch.float64)
+ids = torch.randint(0, 61, (1, 16), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    try:
+        compiled = torch.compile(model.eval(), fullgraph=True, backend="aot_eager")(ids).logits
+    except Exception as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {err}"[:300]}))
+        sys.exit(0)
+    print(json.dumps({"moved": (compiled - model(ids).logits).abs().max().item()}))
+"""
+
+
+@pytest.mark.parametrize("spec, ok", [("local_window(window=3)", True), ("local_window(width=3)", False)])
+def test_a_config_loaded_before_register_compiles_or_fails_naming_the_key(saved, spec, ok):
+    """A config loaded before register() holds its keys unchecked and its pattern unparsed: a compiled
+    fullgraph model raised KeyError('local_window(window=3)') inside the trace. The keys are now checked,
+    and the pattern parsed, when the model is built with our attention; a bad one fails there."""
+    import os
+    import subprocess
+    import sys
+
+    path, _ = saved
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"dilcompile_pattern": spec, "dilcompile_block_size": 4}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _BEFORE_REGISTER, str(path), spec], capture_output=True, text=True,
+                         env=env, timeout=600)
+    if ok:
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert json.loads(run.stdout.strip().splitlines()[-1]) == {"moved": 0.0}
+    else:
+        assert run.returncode != 0 and "ValueError: dilcompile_pattern = 'local_window(width=3)'" in run.stderr, \
+            run.stderr[-2000:]

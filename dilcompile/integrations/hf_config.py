@@ -89,6 +89,17 @@ def install_config_keys() -> None:
             setattr(PreTrainedConfig, key, _CheckedKey(key))
 
 
+def check_config(config) -> None:
+    """Check every ``dilcompile_*`` key ``config`` carries, eagerly. A config
+    built before ``register()`` holds its keys unchecked (set before the
+    attributes were ours): run when a model is built or switched to our
+    attention, this also parses its pattern for compiled code to look up."""
+    for key, check in CHECKS.items():
+        value = config.__dict__.get(key)
+        if value is not None:
+            config.__dict__[key] = check(key, value)
+
+
 def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     """(segment_lengths, dilation_rates, mode) of a config for ``"dilcompile_dilated"``."""
     segments = _required(config, "dilcompile_segment_lengths", "[2048, 4096]")
@@ -102,7 +113,11 @@ def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
 def pattern_of(config):
     """(Pattern, block_size) of a config for ``"dilcompile_block_sparse"``."""
     spec = _required(config, "dilcompile_pattern", "'local_window(window=256)'")
-    # Built when the key was set; compiled code only looks it up (a pattern built inside a trace has no op arguments).
+    # Built when the key was set or the model built; compiled code only looks it up (a pattern built
+    # inside a trace has no op arguments).
+    if spec not in _PATTERNS:
+        raise ValueError(f"dilcompile_pattern {spec!r} was never parsed: set it after register(), or build or "
+                         "switch the model (attn_implementation='dilcompile_block_sparse') after register()")
     return _PATTERNS[spec], getattr(config, "dilcompile_block_size", None) or 128
 
 

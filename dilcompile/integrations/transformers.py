@@ -54,7 +54,7 @@ from torch import Tensor
 from ..checks import check_scale
 from ..tracing import tracing
 from . import hf_sequences
-from .hf_config import check_branches_of, configure, install_config_keys, pattern_of
+from .hf_config import check_branches_of, check_config, configure, install_config_keys, pattern_of
 
 __all__ = ["NAMES", "configure", "register"]
 
@@ -300,6 +300,8 @@ def _patch_attention_choice() -> None:
                              "GPT-2, OPT, BERT, …)")
         result = chosen(self, requested_attention, is_init_check)
         config = getattr(self, "config", None)
+        if result in NAMES and config is not None:
+            check_config(config)  # keys set before register() were never checked (nor the pattern parsed)
         ours = _configured_attention(config)
         if requested_attention is None and ours is not None and result not in NAMES and id(config) not in _WARNED:
             _WARNED.add(id(config))  # once per config: a model and its submodules share one
