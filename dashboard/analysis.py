@@ -130,6 +130,22 @@ def speedup_table(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return out[base.notna().values].reset_index()
 
 
+def compact_speedups(table: pd.DataFrame, series) -> tuple[pd.DataFrame, dict]:
+    """``speedup_table``'s output made to fit a page: key columns holding one
+    value in every row are dropped (returned as {column: value} for a caption),
+    and a ``fastest`` column — the series with the largest ratio at that point —
+    sits before the series columns, so the answer needs no horizontal scroll."""
+    if table.empty:
+        return table, {}
+    keys = [c for c in table.columns if c not in set(series)]
+    constant = {c: table[c].iloc[0] for c in keys if table[c].nunique(dropna=False) == 1 and len(table) > 1}
+    ratios = table[[c for c in table.columns if c in set(series)]]
+    fastest = ratios.astype(float).idxmax(axis=1, skipna=True) if not ratios.empty else None
+    out = table.drop(columns=list(constant))
+    out.insert(len(keys) - len(constant), "fastest", fastest)
+    return out, constant
+
+
 # ---- regressions (asv-style: a change counts only if it is large AND outside the noise) ----
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, threshold: float = 1.10) -> pd.DataFrame:

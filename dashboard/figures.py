@@ -47,6 +47,25 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return [t for t in ticks if lo <= t <= hi]
 
 
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n"))
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Labels for a log axis's ticks in one style: plain numbers when every
+    tick lies in [0.001, 1000) (0.2, 50, 500), else SI prefixes for all
+    (500, 1k, 2k, 5M; 20µ) — never "500" beside "1e+03"."""
+    if all(1e-3 <= t < 1e3 for t in ticks):
+        return [f"{t:.3g}" for t in ticks]
+
+    def si(t: float) -> str:
+        for scale, prefix in _SI:
+            if t >= scale * (1 - 1e-9):
+                return f"{t / scale:.3g}{prefix}"
+        return f"{t:.3g}"
+
+    return [si(t) for t in ticks]
+
+
 def _short(n: int) -> str:
     """16384 -> "16k", 1000 -> "1000", 97 -> "97" (powers of two read as k)."""
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
@@ -118,7 +137,7 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
         lo, hi = float(data[metric].min()), float(data[metric].max())
         ticks = log_ticks(lo / 1.5, hi * 1.5)  # ticks just outside the data are clipped by the axis range
         if len(ticks) >= 2:
-            fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:.3g}" for t in ticks])
+            fig.update_yaxes(tickvals=ticks, ticktext=tick_labels(ticks))
     fig.update_layout(height=420 if not facet or data[facet].nunique() <= 3 else 760,
                       legend=_legend(data["line"].nunique()), margin={"t": 40})
     return fig
@@ -172,6 +191,10 @@ def _metric_bars(data: pd.DataFrame, metric: str, title: str, facet: str | None,
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     fig.update_traces(textposition="outside", cliponaxis=False)  # the longest bar's value too
     fig.update_yaxes(automargin=True)
+    if log_x:  # the same round ticks and labels as the line plots' log axes
+        ticks = log_ticks(float(data[metric].min()) / 1.5, float(data[metric].max()) * 1.5)
+        if len(ticks) >= 2:
+            fig.update_xaxes(tickvals=ticks, ticktext=tick_labels(ticks))
     fig.update_layout(height=120 + 26 * data["line"].nunique(), margin={"t": 40, "r": 70})  # r: the value labels
     return fig
 

@@ -41,9 +41,10 @@ if src is not None:
     if series:
         default = next((i for i, s in enumerate(series) if s.startswith("sdpa")), 0)
         baseline = st.selectbox("baseline", series, index=default, key="cmp_baseline")
-        table = analysis.speedup_table(points, baseline)
+        table, same = analysis.compact_speedups(analysis.speedup_table(points, baseline), series)
+        every_row = "; every row: " + ", ".join(f"{k} {ui.md(str(v))}" for k, v in same.items()) if same else ""
         st.caption(f"{ui.md(baseline)} latency ÷ each variant's latency at the same point: above 1 is faster "
-                   "than the baseline, blank where a variant was not measured.")
+                   f"than the baseline, blank where a variant was not measured{every_row}.")
         st.dataframe(ui.ratios(table, series), hide_index=True, width="stretch")
     else:
         st.info("No ok runs match the filter.")

@@ -262,6 +262,28 @@ def test_log_ticks_are_round_and_cover_the_range():
     assert figures.log_ticks(0, 1) == []
 
 
+def test_log_tick_labels_keep_one_style():
+    # the Compare axis read "100 / 200 / 500" then "1e+03" (Python's .3g of 1000)
+    assert figures.tick_labels([100, 200, 500, 1000, 2000]) == ["100", "200", "500", "1k", "2k"]
+    assert figures.tick_labels([0.05, 0.5, 5, 50, 500]) == ["0.05", "0.5", "5", "50", "500"]
+    assert figures.tick_labels([5e5, 1e6, 2e7]) == ["500k", "1M", "20M"]
+    assert figures.tick_labels([2e-5, 1e-4]) == ["20µ", "100µ"]
+    labels = figures.tick_labels(figures.log_ticks(30, 4e6))
+    assert not [label for label in labels if "e" in label], labels
+
+
+def test_the_speedup_table_drops_constant_keys_and_shows_the_fastest_first():
+    # the table was wider than the page: the answer (which variant is fastest) needed horizontal scrolling
+    table = pd.DataFrame({"device": ["cpu", "cpu"], "dtype": ["float32", "float32"], "seq_len": [1024, 4096],
+                          "sdpa": [1.0, 1.0], "dilated": [0.5, 3.0], "flex": [2.0, float("nan")]})
+    compact, same = analysis.compact_speedups(table, ["sdpa", "dilated", "flex"])
+    assert same == {"device": "cpu", "dtype": "float32"}
+    assert list(compact.columns) == ["seq_len", "fastest", "sdpa", "dilated", "flex"]
+    assert list(compact["fastest"]) == ["flex", "dilated"]
+    one_row, same = analysis.compact_speedups(table.iloc[:1], ["sdpa", "dilated", "flex"])
+    assert same == {} and "device" in one_row  # one row: nothing to call constant
+
+
 WRITER = """
 import sys
 from dilcompile.store import RunWriter, query
