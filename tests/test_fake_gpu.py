@@ -75,9 +75,9 @@ try:
             args = {name: cuda(1, 4, 512, 64) for name in ("Q", "K", "V", "DO")}
             args |= {name: cuda(1, 4, 512, 64, dtype=torch.float32) for name in ("O", "DQ", "DK", "DV")}
             args |= {name: cuda(1, 4, 512, dtype=torch.float32) for name in ("LSE", "DELTA")}
-            args |= dict(KEEP=cuda(1, dtype=torch.int8), OFFSETS=cuda(2, 4, dtype=torch.int32), BRANCH=1, H=4,
-                         N=512, D=64, w=128, r=2, scale=0.125, HAS_KEEP=True, CAUSAL=True, PREC=0, BLOCK_M=64,
-                         BLOCK_N=64, BLOCK_D=64)
+            args |= dict(KEEP=cuda(1, dtype=torch.int8), OFFSETS=cuda(2, 4, dtype=torch.int32),
+                         SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125,
+                         HAS_KEEP=True, VARLEN=True, CAUSAL=True, PREC=0, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
             written = {}
             for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
                 fn = getattr(kernels, name)
@@ -92,6 +92,13 @@ try:
             f = lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(2048, 4096, 8192, 16384, 32768),
                                                   dilation_rates=(1, 2, 4, 8, 16), impl="triton")
             report(compile_for_sm90(f, q, k, v, dynamic=case.endswith("dynamic") or None))
+        elif case.startswith("triton-packed"):  # packed sequences: the segment table built on the device
+            from dilcompile import dilated_attention
+            q, k, v = (cuda(1, 8, 4096, 64).requires_grad_(training) for _ in range(3))
+            cu = cuda(33, dtype=torch.int32)
+            f = lambda q, k, v, cu: dilated_attention(q, k, v, segment_lengths=(256, 512, 1024), dilation_rates=(
+                1, 2, 4), impl="triton", cu_seqlens=cu).float().square().mean()
+            report(compile_for_sm90(f, q, k, v, cu, backward=training))
         elif case.startswith("auto"):  # impl="auto", H100, bf16, D = 128: triton where it trains faster
             from dilcompile import dilated_attention
             q, k, v = (cuda(1, 8, 4096, 128).requires_grad_(training) for _ in range(3))
@@ -190,6 +197,19 @@ def test_longnet_configuration_compiles_to_one_launch_per_branch(dynamic):
     names = [name for name, _, _ in _compile("triton-longnet" + ("-dynamic" if dynamic else ""))]
     assert names.count("_fwd_kernel") == 5, names
     assert not [name for name in names if "unbind" in name or "clone" in name], names
+
+
+def test_packed_sequences_compile_to_one_launch_per_branch():
+    # 32 packed documents: the segment tables are Inductor kernels (searchsorted, no host read), the
+    # branches three launches, and nothing copied around them
+    names = [name for name, _, _ in _compile("triton-packed")]
+    assert names.count("_fwd_kernel") == 3, names
+    assert not [name for name in names if "unbind" in name or "clone" in name], names
+
+
+def test_packed_sequences_training_step_compiles_for_sm90(fake_cuda_runtime):
+    names = [name for name, _, _ in _compile("triton-packed-training", fake_cuda_runtime)]
+    assert names.count("_dq_kernel") == 3 and names.count("_dkdv_kernel") == 3, names
 
 
 @pytest.mark.parametrize("block", [64, 128])

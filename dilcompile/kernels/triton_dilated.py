@@ -63,37 +63,52 @@ def _int32(H, N, D, w, r):
 
 
 @triton.jit
-def _branch_tile(off, bh, H, N, D, w, r, scale, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The prologue every kernel shares: which tile of which segment this
-    program owns in branch (w, r), for (batch, head) ``bh`` whose class is ``off``.
+def _tiles(N, w, r, BLOCK: tl.constexpr):
+    """Programs per segment: the tiles of a segment's largest class (a segment
+    of min(w, N) positions)."""
+    w = tl.minimum(w, N)
+    return ((w + r - 1) // r + BLOCK - 1) // BLOCK
+
+
+@triton.jit
+def _segment(pid, N, w, tiles):
+    """[s0, s1) of the segment program ``pid`` works in, one sequence of N
+    positions cut into segments of w from position 0."""
+    w = tl.minimum(w, N)
+    s0 = (pid // tiles) * w
+    return s0, tl.minimum(s0 + w, N)
+
+
+@triton.jit
+def _branch_tile(off, bh, H, N, D, r, s0, s1, tile, scale, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The prologue every kernel shares: the ``tile``-th tile of segment
+    [s0, s1) in a branch of rate r, for (batch, head) ``bh`` whose class is ``off``.
 
     It takes no pointer. Inductor's mutation analysis counts every pointer
     passed to a called function whose results address a store as written:
     given OFFSETS (as it once was, one row view per branch), Inductor took the
     table for an output, and its copies of the "mutated" row views read past a
     buffer — wrong results at LongNet scale (docs/compiler.md). So the kernels
-    load the class themselves, from row BRANCH of the whole (m, H) table.
+    load the class themselves, from row BRANCH of the whole (m, H) table, and
+    a packed batch's segment from SEGS.
 
     Returns b; base and lbase, the offsets of the (b, h) slice in the
-    (B, H, N, D) tensors and the (B, H, N) ones; s0, the segment's start; n_class, its class positions; first,
-    the tile's first class index, t its class indices, pos = s0 + off + t·r
-    and ok = t < n_class; the head-dim lanes d and d_ok; the fp32 scale."""
+    (B, H, N, D) tensors and the (B, H, N) ones; n_class, the segment's class
+    positions; first, the tile's first class index, t its class indices,
+    pos = s0 + off + t·r and ok = t < n_class; the head-dim lanes d and d_ok;
+    the fp32 scale."""
     b = bh // H
     lbase = bh * N
     base = lbase * D
-    w = tl.minimum(w, N)
-    tiles = ((w + r - 1) // r + BLOCK - 1) // BLOCK  # tiles per segment: the largest class
-    pid = tl.program_id(0)
-    s0 = (pid // tiles) * w
-    n_class = (tl.minimum(s0 + w, N) - s0 - off + r - 1) // r  # ≤ 0 past a short last segment
-    first = (pid % tiles) * BLOCK
+    n_class = (s1 - s0 - off + r - 1) // r  # ≤ 0 past a short last segment (and for SEGS's padding)
+    first = tile * BLOCK
     t = first + tl.arange(0, BLOCK)
     pos = s0 + off + t * r
     ok = t < n_class
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
-    return b, base, lbase, s0, n_class, first, t, pos, ok, d, d_ok, scale
+    return b, base, lbase, n_class, first, t, pos, ok, d, d_ok, scale
 
 
 @triton.jit
@@ -114,16 +129,23 @@ def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    Q, K, V, O, LSE, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
     H, N, D, w, r = _int32(H, N, D, w, r)
     bh = tl.program_id(1).to(tl.int64)  # b·H + h
     off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
-    b, base, lbase, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
-        off, bh, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
+    tiles = _tiles(N, w, r, BLOCK_M)
+    pid = tl.program_id(0)
+    if VARLEN:  # packed sequences: the segment from the table (loaded here: see _branch_tile)
+        s0 = tl.load(SEGS + 2 * (pid // tiles))
+        s1 = tl.load(SEGS + 2 * (pid // tiles) + 1)
+    else:
+        s0, s1 = _segment(pid, N, w, tiles)
+    b, base, lbase, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, r, s0, s1, pid % tiles, scale, BLOCK_M, BLOCK_D)
     qk_scale = scale * 1.4426950408889634  # exp2 domain
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         tile = base + rows[:, None].to(tl.int64) * D + d[None, :]
@@ -169,16 +191,23 @@ def _fwd_kernel(
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
     bh = tl.program_id(1).to(tl.int64)  # b·H + h
     off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
-    b, base, lbase, s0, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
-        off, bh, H, N, D, w, r, scale, BLOCK_M, BLOCK_D)
+    tiles = _tiles(N, w, r, BLOCK_M)
+    pid = tl.program_id(0)
+    if VARLEN:  # packed sequences: the segment from the table (loaded here: see _branch_tile)
+        s0 = tl.load(SEGS + 2 * (pid // tiles))
+        s1 = tl.load(SEGS + 2 * (pid // tiles) + 1)
+    else:
+        s0, s1 = _segment(pid, N, w, tiles)
+    b, base, lbase, n_class, first, t, rows, q_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, r, s0, s1, pid % tiles, scale, BLOCK_M, BLOCK_D)
     qk_scale = scale * 1.4426950408889634  # exp2 domain
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         tile = base + rows[:, None].to(tl.int64) * D + d[None, :]
@@ -209,16 +238,23 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
     bh = tl.program_id(1).to(tl.int64)  # b·H + h
     off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
-    b, base, lbase, s0, n_class, first, t, cols, k_ok, d, d_ok, scale = _branch_tile(
-        off, bh, H, N, D, w, r, scale, BLOCK_N, BLOCK_D)
+    tiles = _tiles(N, w, r, BLOCK_N)
+    pid = tl.program_id(0)
+    if VARLEN:  # packed sequences: the segment from the table (loaded here: see _branch_tile)
+        s0 = tl.load(SEGS + 2 * (pid // tiles))
+        s1 = tl.load(SEGS + 2 * (pid // tiles) + 1)
+    else:
+        s0, s1 = _segment(pid, N, w, tiles)
+    b, base, lbase, n_class, first, t, cols, k_ok, d, d_ok, scale = _branch_tile(
+        off, bh, H, N, D, r, s0, s1, pid % tiles, scale, BLOCK_N, BLOCK_D)
     qk_scale = scale * 1.4426950408889634
     if (off >= 0) & (first < n_class):  # tiles past a short class: nothing to do
         if HAS_KEEP:

@@ -71,11 +71,37 @@ def _shape(q: Tensor):
     return batch, heads, n, int(dim)
 
 
-def _programs(w: int, r: int, n, tile: int):
-    """Programs of one branch launch: tiles per segment × segments. ``n`` may be
-    a SymInt (``sym_min`` adds no guard)."""
+def _programs(w: int, r: int, n, tile: int, segments: Tensor | None = None):
+    """Programs of one branch launch: tiles per segment × segments — the rows
+    of ``segments`` (a packed batch's table) when given. ``n`` may be a SymInt
+    (``sym_min`` adds no guard)."""
     span = torch.sym_min(w, n)
-    return triton_cdiv(n, span) * triton_cdiv(triton_cdiv(span, r), tile)
+    count = triton_cdiv(n, span) if segments is None else segments.shape[0]
+    return count * triton_cdiv(triton_cdiv(span, r), tile)
+
+
+def segment_table(cu_seqlens: Tensor, w: int, total) -> Tensor:
+    """(⌈total / w⌉ + S, 2) int32: [start, end) of every segment of every
+    packed sequence (sequence i's segments of w positions from cu[i], the last
+    cut at cu[i + 1]), in order, then (0, 0) rows (empty segments). Tensor ops
+    on the device: no host read, and the row count — a bound on the segments
+    (each sequence adds at most one partial one) — comes from shapes only."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = torch.diff(cu)  # diff and gather, not Python indexing: the fake-GPU harness compiles this too
+    counts = (lengths + w - 1) // w  # segments per sequence
+    ends = counts.cumsum(0)  # (S,) one past each sequence's last segment
+    seg = torch.arange(triton_cdiv(total, w) + lengths.shape[0], device=cu.device)
+    owner = torch.searchsorted(ends, seg, right=True)  # its sequence; S past the last segment
+    real = owner < lengths.shape[0]
+    owner = owner.clamp(max=lengths.shape[0] - 1)
+    first = ends.gather(0, owner) - counts.gather(0, owner)  # the sequence's first segment
+    start = cu.gather(0, owner) + (seg - first) * w
+    end = torch.minimum(start + w, cu.gather(0, owner + 1))
+    # Clamped into [0, total]: boundaries a compiled call never checked (a traced call reads no value)
+    # cannot send a program outside the tensors.
+    start = torch.where(real, start, 0).clamp(0, total)
+    end = torch.maximum(torch.where(real, end, 0).clamp(0, total), start)
+    return torch.stack([start, end], 1).to(torch.int32).contiguous()
 
 
 def _precision(dtype: torch.dtype) -> int:
@@ -113,30 +139,33 @@ def _keep(key_padding_mask: Tensor | None, q: Tensor) -> tuple[Tensor, bool]:
 
 def dilated_forward_triton(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
-    causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+    causal: bool, scale: float, key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
-    One launch per branch, each merging into an fp32 output and the lse."""
+    One launch per branch, each merging into an fp32 output and the lse. With
+    ``cu_seqlens`` (B = 1) the N positions are packed sequences, each cut
+    into its own segments: still one launch per branch, whatever their number."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch, heads, n, dim = _shape(q)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
-    flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch)
-        wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile), batch * heads)](
-            q, k, v, out, lse, keep, offsets, i, heads, n, dim, w, r, float(scale), **flags,
-            **_launch("fwd", tile, dim, q.dtype, arch))
+        segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
+        wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
+            q, k, v, out, lse, keep, offsets, _or_empty(segments, keep), i, heads, n, dim, w, r, float(scale),
+            **flags, **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
 
 def dilated_backward_triton(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
-    key_padding_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse;
     per branch a dq and a dk/dv launch, adding into fp32 buffers."""
@@ -150,19 +179,25 @@ def dilated_backward_triton(
     dq, dk, dv = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3))
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
-    flags = dict(HAS_KEEP=has_keep, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
-        common = (keep, offsets, i, heads, n, dim, w, r, float(scale))
+        segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
+        common = (keep, offsets, _or_empty(segments, keep), i, heads, n, dim, w, r, float(scale))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
-        wrap_triton(_dq_kernel)[(_programs(w, r, n, tile), batch * heads)](
+        wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, grad_out, lse, delta, dq, *common, **flags,
             **_launch("dq", tile, dim, q.dtype, arch))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
-        wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile), batch * heads)](
+        wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
             **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _or_empty(segments: Tensor | None, like: Tensor) -> Tensor:
+    """The segment table, or a one-element stand-in the kernels never read (VARLEN off)."""
+    return like.new_zeros(2, dtype=torch.int32) if segments is None else segments
 
 
 def triton_cdiv(a, b):
