@@ -241,7 +241,7 @@ def _every_row(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> slice | N
     return rows if all(p == (b, rows) for b, p in enumerate(places)) else None
 
 
-def take(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> Tensor:
+def _take(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> Tensor:
     """The rows of x (B, H, T, *rest) at each (batch row, positions) → (G, H, L, *rest):
     a view where they are every row at one range (a batch without pads), else one copy."""
     rows = _every_row(x, places)
@@ -251,8 +251,8 @@ def take(x: Tensor, places: list[tuple[int, slice | Tensor]]) -> Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def put(dst: Tensor, places: list[tuple[int, slice | Tensor]], src: Tensor, add: bool = False) -> None:
-    """Inverse of ``take``: write (or add) src (G, H, L, *rest) at the places in dst."""
+def _put(dst: Tensor, places: list[tuple[int, slice | Tensor]], src: Tensor, add: bool = False) -> None:
+    """Inverse of ``_take``: write (or add) src (G, H, L, *rest) at the places in dst."""
     rows = _every_row(dst, places)
     targets = [(rows, src)] if rows is not None else [(r, src[i : i + 1]) for i, (_, r) in enumerate(places)]
     for i, (r, value) in enumerate(targets):
@@ -278,10 +278,10 @@ def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, seqs: list[Sequen
     lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
     for group in _same_shape(seqs).values():
         at_q, at_k = [(s.row, s.q_rows) for s in group], [(s.row, s.k_rows) for s in group]
-        result = attend(take(q, at_q), take(k, at_k), take(v, at_k))
-        put(out, at_q, result if lse is None else result[0])
+        result = attend(_take(q, at_q), _take(k, at_k), _take(v, at_k))
+        _put(out, at_q, result if lse is None else result[0])
         if lse is not None:
-            put(lse, at_q, result[1])
+            _put(lse, at_q, result[1])
     return out, lse
 
 
@@ -294,17 +294,17 @@ def backward_sequences(attend, grad_out: Tensor, grad_lse: Tensor | None, q: Ten
         for group in _same_shape(seqs).values():
             at_q, at_k = [(s.row, s.q_rows) for s in group], [(s.row, s.k_rows) for s in group]
             places = (at_q, at_k, at_k)
-            inputs = [take(t, at).detach().requires_grad_() for t, at in zip((q, k, v), places)]
+            inputs = [_take(t, at).detach().requires_grad_() for t, at in zip((q, k, v), places)]
             result = attend(*inputs)
-            outputs, cotangents = [result], [take(grad_out, at_q)]
+            outputs, cotangents = [result], [_take(grad_out, at_q)]
             if isinstance(result, tuple):
                 outputs = list(result) if grad_lse is not None else [result[0]]
                 if grad_lse is not None:
-                    cotangents.append(take(grad_lse, at_q))
+                    cotangents.append(_take(grad_lse, at_q))
             seq_grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
             for total, part, at in zip(grads, seq_grads, places):
                 if part is not None:
-                    put(total, at, part, add=True)
+                    _put(total, at, part, add=True)
     return tuple(grads)
 
 

@@ -13,8 +13,6 @@ from .. import varlen
 from ..numerics import accumulator_dtype
 from ..op_tags import HOST_READS
 from .dispatch import attend as attend_one
-from .geometry import plan_parts
-from .impl.decode import decode_rows_forward
 
 
 def _attend(segment_lengths, dilation_rates, mode, causal, scale, impl):
@@ -35,35 +33,8 @@ def dilated_varlen_fwd(
     or key_padding_mask (B, Nk) → out (B, H, Nq, D) (groups-mode 1/m applied),
     lse (B, H, Nq); pads get out 0, lse −inf."""
     seqs = varlen.sequences(q, k, cu_q, cu_k, key_padding_mask)
-    live = [s for s in seqs if s.nq]
-    if impl != "reference" and len(live) > 1 and all(s.nq == 1 for s in live):
-        return _decode_steps(q, k, v, live, segment_lengths, dilation_rates, mode, scale)
     attend = _attend(segment_lengths, dilation_rates, mode, causal, scale, impl)
     return varlen.forward_sequences(attend, q, k, v, seqs, accumulator_dtype(q.dtype))
-
-
-def _decode_steps(q: Tensor, k: Tensor, v: Tensor, seqs: list, segment_lengths: list[int],
-                  dilation_rates: list[int], mode: str, scale: float) -> tuple[Tensor, Tensor]:
-    """One query per sequence (a decode step of a padded batch or of several
-    packed sequences): every sequence in one call (``decode_rows_forward``),
-    where each one alone was a call of its own — the rows of a left-padded
-    batch have different lengths, so no two shared one. Equal to the decode
-    each runs alone; the backward still differentiates each alone."""
-    device = q.device
-    slots = [torch.arange(s.k_rows.start, s.k_rows.stop, s.k_rows.step or 1, device=device)
-             if isinstance(s.k_rows, slice) else s.k_rows.to(device) for s in seqs]
-    key_slots = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
-    key_rows, counts = (torch.tensor(x, device=device) for x in ([s.row for s in seqs], [s.nk for s in seqs]))
-    at_q = [(s.row, s.q_rows) for s in seqs]
-    parts = plan_parts(q.shape[1], tuple(segment_lengths), tuple(dilation_rates), mode)
-    out, lse = decode_rows_forward(varlen.take(q, at_q), k, v, key_rows, key_slots, counts, parts, scale)
-    if mode == "groups":
-        out = out / len(segment_lengths)
-    full_out = torch.zeros(q.shape, dtype=q.dtype, device=device)
-    full_lse = torch.full(q.shape[:-1], float("-inf"), dtype=lse.dtype, device=device)
-    varlen.put(full_out, at_q, out)
-    varlen.put(full_lse, at_q, lse)
-    return full_out, full_lse
 
 
 @dilated_varlen_fwd.register_fake

@@ -100,38 +100,3 @@ def decode_backward(grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Ten
             dq[:, h, rows] += ds @ _keys(k, h, keys, key_padding_mask, acc)
             dk[:, h, keys] += ds.transpose(-1, -2) @ q[:, h, rows].to(acc)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-def decode_rows_forward(q: Tensor, k: Tensor, v: Tensor, key_rows: Tensor, key_slots: Tensor, counts: Tensor,
-                        parts: tuple[Part, ...], scale: float) -> tuple[Tensor, Tensor]:
-    """One query per sequence, sequences of different key counts, in one batch:
-    q (R, H, 1, D) — sequence i's query, the last of its ``counts[i]`` keys —
-    and k, v (B, H, S, D) whose batch row ``key_rows[i]`` holds sequence i's
-    c-th key at slot ``key_slots[i, c]`` ((R, C) int64, C ≥ the largest
-    count; entries past a count are never read). Per part every sequence's query attends the kept keys of its own
-    segment (positions from the sequence's first key, as alone), gathered by
-    index: ⌈w / r⌉ keys a part, whatever S. Same result as ``decode_forward``
-    on each sequence alone, for any implementation's decode (causal or not:
-    the query is the last position, so both see the same keys); a padded batch
-    of decode steps then runs as one call, not one per row. → out (R, H, 1, D)
-    in q.dtype, lse (R, H, 1) in the accumulator dtype (before groups-mode 1/m)."""
-    acc = accumulator_dtype(q.dtype)
-    rows = key_rows[:, None]  # (R, 1)
-    last = (counts - 1)[:, None]  # (R, 1) the query's position in its sequence
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
-    for part in parts:
-        w, r, o, h = part.segment, part.rate, part.offset, slice(part.h0, part.h1)
-        from_class = last - (last // w) * w - o  # the query's place in its segment, from the class's first row
-        kept = (from_class >= 0) & (from_class % r == 0)  # the query is a row of this head's class
-        t = torch.arange(-(-w // r), device=q.device)  # (T,) class rows of a segment
-        valid = kept & (t[None, :] <= from_class // r)  # (R, T): rows up to the query
-        positions = (last // w) * w + o + r * t[None, :]
-        slots = key_slots.gather(1, positions.clamp(0, key_slots.shape[1] - 1))  # (R, T)
-        kk, vv = (x[rows, h, slots].transpose(1, 2).to(acc) for x in (k, v))  # (R, T, h, D) → (R, h, T, D)
-        s = (q[:, h].to(acc) @ kk.transpose(-1, -2)) * scale  # (R, h, 1, T)
-        s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-        piece_lse = torch.logsumexp(s, dim=-1)
-        p = (s - finite_or_zero(piece_lse)[..., None]).exp()
-        merge_into(out[:, h], lse[:, h], p @ vv.masked_fill(~valid[:, None, :, None], 0), piece_lse)
-    return out.to(q.dtype), lse
