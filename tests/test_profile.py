@@ -265,3 +265,17 @@ def test_cuda_sweep_records_cuda_timing_peak_memory_nvml_energy_and_telemetry_ro
                                  [r["run_id"]])
         count, power, clock = samples[0]
         assert count >= 1 and power > 0 and clock > 0
+
+
+def test_dilated_rows_record_the_impl_auto_runs(monkeypatch):
+    """impl="auto" trains with triton on an H100 at bf16, D = 128: a row labelled "sdpa" would then have
+    measured triton. The row records what auto chose for its point (here the rule is made to pick triton)."""
+    import dilcompile.dilated
+
+    monkeypatch.setattr(dilcompile.dilated, "choose_impl",
+                        lambda q, impl, needs_grad=None: "triton" if needs_grad else "sdpa")
+    for pass_, want in (("fwd", "sdpa"), ("fwd_bwd", "triton")):
+        for variant in ("dilated", "dilated-packed"):
+            built = variants.build(Point(variant, 64, heads=2, head_dim=8, segments=(16, 32), rates=(1, 2),
+                                         pass_=pass_))
+            assert built.impl == want, (variant, pass_, built.impl)

@@ -126,20 +126,29 @@ def _sdpa(point: Point, arg: str) -> Built:
                  impl="sdpa", mode=None, config={}, key=("sdpa", causal))
 
 
+def _dilated_impl(point: Point) -> str:
+    """What dilated ``impl="auto"`` runs at this point (device, dtype, head dim, pass): run and recorded as such."""
+    from ..dilated import choose_impl
+
+    probe = torch.empty(1, 1, 1, point.head_dim, dtype=getattr(torch, point.dtype), device=point.device)
+    return choose_impl(probe, "auto", point.pass_ == "fwd_bwd")
+
+
 def _dilated(point: Point, mode: str) -> Built:
     from ..dilated import dilated_attention
     from ..dilated.geometry import nnz, plan_parts
 
-    kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal, mode=mode)
+    inputs = _qkv(point, point.pass_ == "fwd_bwd")
+    impl = _dilated_impl(point)
+    kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal, mode=mode, impl=impl)
 
     def fn(q, k, v):
         return dilated_attention(q, k, v, **kw)
 
     parts = plan_parts(point.heads, point.segments, point.rates, mode)
     config = {"segments": list(point.segments), "rates": list(point.rates)}
-    return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"),
-                 _flops(point, nnz(parts, point.heads, point.seq_len, point.causal)),
-                 impl="sdpa", mode=mode, config=config, key=("dilated", mode, point.segments, point.rates, point.causal))
+    return Built(fn, inputs, _flops(point, nnz(parts, point.heads, point.seq_len, point.causal)),
+                 impl=impl, mode=mode, config=config, key=("dilated", mode, point.segments, point.rates, point.causal))
 
 
 @register(DILATED, "LongNet dilated attention (mode='longnet')", needs_branches=True)
@@ -304,10 +313,11 @@ def _register_layouts() -> None:
             from ..dilated import dilated_attention
             from ..dilated.geometry import nnz, plan_parts
 
-            kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal)
+            impl = _dilated_impl(point)
+            kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal, impl=impl)
             parts = plan_parts(point.heads, point.segments, point.rates, "longnet")
             return _layout_built(point, layout, lambda q, k, v, **varlen: dilated_attention(q, k, v, **kw, **varlen),
-                                 lambda n: nnz(parts, point.heads, n, point.causal), "sdpa", "longnet",
+                                 lambda n: nnz(parts, point.heads, n, point.causal), impl, "longnet",
                                  {"segments": list(point.segments), "rates": list(point.rates)},
                                  ("dilated", point.segments, point.rates, point.causal))
 
