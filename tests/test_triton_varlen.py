@@ -93,5 +93,23 @@ def test_the_segment_table_cuts_each_sequence_from_its_own_start():
     real = [(0, 4), (4, 5), (5, 6), (6, 10), (10, 14), (14, 18), (18, 20)]
     assert [tuple(row) for row in table[:len(real)]] == real
     assert len(table) == 5 + 4 and all(row == [0, 0] for row in table[len(real):])  # ⌈20 / 4⌉ + S rows
-    bad = segment_table(torch.tensor([0, 50, 7]), 4, 20)  # boundaries past the tensor: clamped, never read
-    assert int(bad.max()) <= 20 and bool((bad[:, 1] >= bad[:, 0]).all())
+    with pytest.raises(RuntimeError, match="rise from 0 to the total"):  # on a GPU an asynchronous assert;
+        segment_table(torch.tensor([0, 50, 7]), 4, 20)  # its segments are clamped into the tensor meanwhile
+
+
+def test_equal_q_and_k_boundaries_take_the_one_launch_path_and_bad_ones_fail_on_the_device(monkeypatch):
+    """transformers passes packed rows as cu_seq_lens_q and cu_seq_lens_k (equal values, two tensors): the
+    one-launch path too. The op checks the boundaries itself (a compiled call reads no value on the host)."""
+    lengths = [3, 9, 4]
+    cu = torch.tensor([0] + lengths, device=DEVICE).cumsum(0)
+    q, k, v = random_qkv(1, 2, sum(lengths), 8, dtype=torch.float32, device=DEVICE, seed=1)
+    kw = dict(segment_lengths=(4, 8), dilation_rates=(1, 2), impl="triton")
+    calls = []
+    real = torch.ops.dilcompile.dilated_triton_varlen_fwd
+    monkeypatch.setattr(torch.ops.dilcompile, "dilated_triton_varlen_fwd", lambda *a: calls.append(1) or real(*a))
+    two = dilated_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu.clone(), **kw)
+    one = dilated_attention(q, k, v, cu_seqlens=cu, **kw)
+    assert calls == [1, 1] and torch.equal(one, two)
+    bad = torch.tensor([0, 3, 20], device=DEVICE)  # past the total: what a compiled call would not have read
+    with pytest.raises(RuntimeError, match="cu_seqlens must rise from 0 to the total length"):
+        real(q, k, v, bad, [4, 8], [1, 2], "longnet", False, 8 ** -0.5)

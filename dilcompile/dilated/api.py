@@ -131,8 +131,12 @@ def dilated_attention(
         return (out, lse) if return_lse else out
     if cu_seqlens is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
         cu_q, cu_k = varlen.packed_metadata(q, k, cu_seqlens, cu_seqlens_q, cu_seqlens_k)
-        if chosen == "triton" and cu_seqlens is not None and q.shape[2] == k.shape[2]:
-            # the kernels read the boundaries on the device: one launch per branch for every sequence
+        if chosen == "triton" and q.shape[2] == k.shape[2]:
+            # The kernels read the boundaries on the device: one launch per branch for every sequence.
+            # Equal totals with every Nq_i ≤ Nk_i make cu_q = cu_k (transformers passes both for packed rows);
+            # checked eagerly above, on the device (no host read) for a compiled call.
+            if cu_k is not cu_q:
+                torch._assert_async((cu_q == cu_k).all(), "cu_seqlens_q and cu_seqlens_k of equal totals must be equal")
             out, lse = torch.ops.dilcompile.dilated_triton_varlen_fwd(q, k, v, cu_q, *config[:-1])
             out = out / len(segments) if mode == "groups" else out
             return (out, lse) if return_lse else out

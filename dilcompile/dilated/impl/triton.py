@@ -88,6 +88,10 @@ def segment_table(cu_seqlens: Tensor, w: int, total) -> Tensor:
     (each sequence adds at most one partial one) — comes from shapes only."""
     cu = cu_seqlens.to(torch.int64)
     lengths = torch.diff(cu)  # diff and gather, not Python indexing: the fake-GPU harness compiles this too
+    # Eager calls checked the values on the host; a compiled one did not: checked here on the device
+    # (an asynchronous assert, no host read), before any kernel reads a segment.
+    torch._assert_async((cu.narrow(0, 0, 1) == 0).all() & (cu.narrow(0, cu.shape[0] - 1, 1) == total).all()
+                        & (lengths >= 0).all(), "cu_seqlens must rise from 0 to the total length")
     counts = (lengths + w - 1) // w  # segments per sequence
     ends = counts.cumsum(0)  # (S,) one past each sequence's last segment
     seg = torch.arange(triton_cdiv(total, w) + lengths.shape[0], device=cu.device)
