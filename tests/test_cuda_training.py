@@ -185,3 +185,31 @@ def test_auto_trains_with_triton_where_measured_faster_and_equals_it():
     for a, b in zip((auto, *torch.autograd.grad(auto, (q, k, v), grad)),
                     (triton, *torch.autograd.grad(triton, (q, k, v), grad))):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
+def test_hugging_face_static_cache_generate_compiled_with_cuda_graphs(attention):
+    """transformers' own serving path on CUDA: a static cache, the decode step compiled with its default
+    mode="reduce-overhead" (CUDA graphs). Our ops that read values on the host are tagged cudagraph_unsafe:
+    the graph must run (not fail at capture) and generate what eager DynamicCache generation does."""
+    transformers = pytest.importorskip("transformers")
+    from dilcompile.integrations.transformers import register
+
+    register()
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [16, 32, 64], [1, 2, 4]
+    config.dilcompile_pattern, config.dilcompile_block_size = "local_window(window=16)", 16
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                          dtype=torch.float32).to("cuda").eval()
+    ids = torch.randint(1, 61, (3, 40), device="cuda")
+    mask = torch.ones(3, 40, dtype=torch.long, device="cuda")
+    mask[1, :7], mask[2, :19] = 0, 0  # left padding
+    kw = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+              output_logits=True, return_dict_in_generate=True)
+    eager = model.generate(ids, **kw)
+    compiled = model.generate(ids, cache_implementation="static", **kw)  # compiles the decode step on CUDA
+    assert torch.equal(compiled.sequences, eager.sequences)
+    for a, b in zip(compiled.logits, eager.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
