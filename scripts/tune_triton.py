@@ -68,7 +68,8 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     _, heads, n, _ = q.shape
     offsets = launcher._offset_table(heads, list(SEGMENTS), list(RATES), "longnet", q.device)
     keep = q.new_empty(1, dtype=torch.int8)
-    flags = dict(HAS_KEEP=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
+    segments = launcher._or_empty(None, keep)  # one sequence: the kernels compute their segments
+    flags = dict(HAS_KEEP=False, VARLEN=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
@@ -88,7 +89,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         for i, w, r, tile, m in plans:
             grid = (launcher._programs(w, r, n, tile), heads)
-            common = (keep, offsets, i, heads, n, dim, w, r, dim ** -0.5)
+            common = (keep, offsets, segments, i, heads, n, dim, w, r, dim ** -0.5)
             if kernel == "fwd":
                 fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **flags, **m)
             else:

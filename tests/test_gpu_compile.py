@@ -58,6 +58,8 @@ def _configs() -> list[Config]:
                 if d in (64, 128):
                     out += [Config(kernel, dtype, d, tiles[0], 90, causal, keep)
                             for causal, keep in ((False, False), (False, True), (True, False))]
+                if d == 128 and dtype == "bf16":  # packed sequences: the segment from the table
+                    out.append(Config(kernel, dtype, d, tiles[0], 90, varlen=True))
     return out
 
 

@@ -43,6 +43,7 @@ class Config:
     causal: bool = True
     has_keep: bool = True
     typing: str = "eager"  # or "inductor": scale fp64, integers i64
+    varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def compile_kernel(config: Config):
     for arg in fn.arg_names:
         if arg == "KEEP":
             signature[arg] = "*i8"
-        elif arg == "OFFSETS":
+        elif arg in ("OFFSETS", "SEGS"):
             signature[arg] = "*i32"
         elif arg in _FP32_POINTERS:
             signature[arg] = "*fp32"
@@ -112,7 +113,8 @@ def compile_kernel(config: Config):
     meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
                             config.arch)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
-    constexprs = dict(meta, HAS_KEEP=config.has_keep, CAUSAL=config.causal, PREC=launcher._precision(dtype))
+    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal,
+                      PREC=launcher._precision(dtype))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
