@@ -12,14 +12,10 @@ from torch._dynamo.utils import counters
 from transformers import AutoModel, AutoModelForCausalLM, BertConfig, GPT2Config, LlamaConfig, Qwen2Config
 
 from dilcompile.integrations.transformers import configure, register
+from test_hf_batches import IMPLS, SETTINGS, VOCAB
 
 register()
 
-IMPLS = ("dilcompile_dilated", "dilcompile_block_sparse")
-VOCAB = 61
-SETTINGS = {"segment_lengths": [4, 8], "dilation_rates": [1, 2], "block_size": 4,
-            "pattern": "union(global_local(window=3, global_tokens=2), dilated(segment_lengths=(8,), "
-                       "dilation_rates=(2,)))"}
 CONFIGS = {
     "llama": lambda: LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
