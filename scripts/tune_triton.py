@@ -68,7 +68,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     _, heads, n, _ = q.shape
     offsets = launcher._offset_table(heads, list(SEGMENTS), list(RATES), "longnet", q.device)
     keep = q.new_empty(1, dtype=torch.int8)
-    segments = launcher._or_empty(None, keep)  # one sequence: the kernels compute their segments
+    segments = launcher._no_segment_table(q)  # one sequence: the kernels compute their segments
     flags = dict(HAS_KEEP=False, VARLEN=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]

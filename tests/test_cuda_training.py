@@ -137,17 +137,23 @@ def test_longnet_decoder_training_step_every_impl():
     _assert_step_matches(make, ("sdpa", "triton", "auto"), [idx], torch.ones((), device="cuda", dtype=torch.float64))
 
 
-@pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
-def test_hugging_face_llama_training_step_on_cuda_equals_cpu(attention):
-    # the CPU path is checked against float64 elsewhere; one padded training step on CUDA must agree
-    transformers = pytest.importorskip("transformers")
+def _llama_config(transformers, segments, block):
+    """A 2-layer Llama config for both attentions: rates 1, 2, 4 over ``segments``, a window of one block."""
     from dilcompile.integrations.transformers import register
 
     register()
     config = transformers.LlamaConfig(vocab_size=61, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [64, 128, 256], [1, 2, 4]
-    config.dilcompile_pattern, config.dilcompile_block_size = "local_window(window=64)", 64
+    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = segments, [1, 2, 4]
+    config.dilcompile_pattern, config.dilcompile_block_size = f"local_window(window={block})", block
+    return config
+
+
+@pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
+def test_hugging_face_llama_training_step_on_cuda_equals_cpu(attention):
+    # the CPU path is checked against float64 elsewhere; one padded training step on CUDA must agree
+    transformers = pytest.importorskip("transformers")
+    config = _llama_config(transformers, [64, 128, 256], 64)
     torch.manual_seed(0)
     cpu = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attention,
                                                         dtype=torch.float32).train()
@@ -193,13 +199,7 @@ def test_hugging_face_static_cache_generate_compiled_with_cuda_graphs(attention)
     mode="reduce-overhead" (CUDA graphs). Our ops that read values on the host are tagged cudagraph_unsafe:
     the graph must run (not fail at capture) and generate what eager DynamicCache generation does."""
     transformers = pytest.importorskip("transformers")
-    from dilcompile.integrations.transformers import register
-
-    register()
-    config = transformers.LlamaConfig(vocab_size=61, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    config.dilcompile_segment_lengths, config.dilcompile_dilation_rates = [16, 32, 64], [1, 2, 4]
-    config.dilcompile_pattern, config.dilcompile_block_size = "local_window(window=16)", 16
+    config = _llama_config(transformers, [16, 32, 64], 16)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
                                                           dtype=torch.float32).to("cuda").eval()

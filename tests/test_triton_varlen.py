@@ -112,4 +112,4 @@ def test_equal_q_and_k_boundaries_take_the_one_launch_path_and_bad_ones_fail_on_
     assert calls == [1, 1] and torch.equal(one, two)
     bad = torch.tensor([0, 3, 20], device=DEVICE)  # past the total: what a compiled call would not have read
     with pytest.raises(RuntimeError, match="cu_seqlens must rise from 0 to the total length"):
-        real(q, k, v, bad, [4, 8], [1, 2], "longnet", False, 8 ** -0.5)
+        real(q, k, v, [4, 8], [1, 2], "longnet", False, 8 ** -0.5, bad)

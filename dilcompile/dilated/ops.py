@@ -51,7 +51,8 @@ def register_dilated_autograd(fwd_op, bwd_op) -> None:
     """Autograd for a dilated forward op (q, k, v, segments, rates, mode, causal,
     scale, key_padding_mask) → (out, lse), routed to ``bwd_op`` (grad_out,
     grad_lse, q, k, v, out, lse, segments, rates, mode, causal, scale,
-    key_padding_mask) → (dq, dk, dv). Shared by the SDPA, Triton and decode ops."""
+    key_padding_mask) → (dq, dk, dv). Shared by the SDPA, Triton and decode ops
+    (the packed Triton op takes its cu_seqlens in the mask's place)."""
 
     def setup_context(ctx, inputs, output):
         q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask = inputs

@@ -53,11 +53,13 @@ def dilated_triton_bwd(
 
 @_op("dilcompile::dilated_triton_varlen_fwd", mutates_args=())
 def dilated_triton_varlen_fwd(
-    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, segment_lengths: list[int], dilation_rates: list[int],
-    mode: str, causal: bool, scale: float,
+    q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
+    causal: bool, scale: float, cu_seqlens: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """Packed sequences (q, k, v (1, H, total, D), boundaries ``cu_seqlens`` on the
-    device), each alone: out, lse as ``dilated_triton_fwd``, one launch per branch."""
+    device), each alone: out, lse as ``dilated_triton_fwd``, one launch per branch.
+    ``cu_seqlens`` comes last, where the other ops take the padding mask, so the
+    shared autograd rule serves this op too."""
     return dilated_forward_triton(q, k, v, segment_lengths, dilation_rates, mode, causal, scale,
                                   cu_seqlens=cu_seqlens)
 
@@ -65,38 +67,20 @@ def dilated_triton_varlen_fwd(
 @_op("dilcompile::dilated_triton_varlen_bwd", mutates_args=())
 def dilated_triton_varlen_bwd(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-    cu_seqlens: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool,
-    scale: float,
+    segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
+    cu_seqlens: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return dilated_backward_triton(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates,
                                    mode, causal, scale, cu_seqlens=cu_seqlens)
 
 
-def _varlen_setup(ctx, inputs, output):
-    q, k, v, cu_seqlens, *config = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens)
-    ctx.config = config
-    ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
-
-
-def _varlen_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = dilated_triton_varlen_bwd(grad_out, grad_lse, q, k, v, out, lse, cu_seqlens, *ctx.config)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-dilated_triton_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup)
-
-
 if interpreting():
     @dilated_triton_varlen_fwd.register_fake
-    def _(q, k, v, cu_seqlens, segment_lengths, dilation_rates, mode, causal, scale):
+    def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, cu_seqlens):
         return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @dilated_triton_varlen_bwd.register_fake
-    def _(grad_out, grad_lse, q, k, v, out, lse, cu_seqlens, segment_lengths, dilation_rates, mode, causal, scale):
+    def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale, cu_seqlens):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     @dilated_triton_fwd.register_fake
@@ -110,3 +94,4 @@ if interpreting():
 
 
 register_dilated_autograd(dilated_triton_fwd, dilated_triton_bwd)
+register_dilated_autograd(dilated_triton_varlen_fwd, dilated_triton_varlen_bwd)

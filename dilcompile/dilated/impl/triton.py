@@ -156,13 +156,14 @@ def dilated_forward_triton(
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    no_table = _no_segment_table(q)
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch)
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, out, lse, keep, offsets, _or_empty(segments, keep), i, heads, n, dim, w, r, float(scale),
-            **flags, **_launch("fwd", tile, dim, q.dtype, arch))
+            q, k, v, out, lse, keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r,
+            float(scale), **flags, **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
 
@@ -184,10 +185,11 @@ def dilated_backward_triton(
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    no_table = _no_segment_table(q)
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
-        common = (keep, offsets, _or_empty(segments, keep), i, heads, n, dim, w, r, float(scale))
+        common = (keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r, float(scale))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
         wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, grad_out, lse, delta, dq, *common, **flags,
@@ -199,9 +201,9 @@ def dilated_backward_triton(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _or_empty(segments: Tensor | None, like: Tensor) -> Tensor:
-    """The segment table, or a one-element stand-in the kernels never read (VARLEN off)."""
-    return like.new_zeros(2, dtype=torch.int32) if segments is None else segments
+def _no_segment_table(q: Tensor) -> Tensor:
+    """A stand-in for SEGS where VARLEN is off (the kernels never read it): made once per call."""
+    return q.new_zeros(2, dtype=torch.int32)
 
 
 def triton_cdiv(a, b):
