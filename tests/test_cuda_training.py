@@ -213,3 +213,28 @@ def test_hugging_face_static_cache_generate_compiled_with_cuda_graphs(attention)
     assert torch.equal(compiled.sequences, eager.sequences)
     for a, b in zip(compiled.logits, eager.logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "triton"])
+@pytest.mark.parametrize("with_lse", [False, True])
+def test_forward_and_backward_never_wait_for_the_gpu(impl, with_lse):
+    # A host sync lets the GPU run dry while the host prepares the next call: the sdpa forward's merge
+    # tables once went up from pageable memory (a copy that waits for the stream), its backward asked
+    # the GPU whether the lse gradient was zero. CUDA's sync debug mode raises on any.
+    q, k, v = (torch.randn(1, 16, 16384, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn_like(q)
+
+    def step():
+        out, lse = dilated_attention(q, k, v, impl=impl, return_lse=True, **LONGNET)
+        loss = (out * grad).sum() + (lse.sum() if with_lse else 0)
+        return torch.autograd.grad(loss, (q, k, v))
+
+    step()  # first call: kernels compiled, caches filled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -1,5 +1,7 @@
 """The fused-kernel path against the float64 reference, and the bad-input contract."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -38,6 +40,73 @@ def test_sdpa_matches_reference_float64_with_gradients(n, heads, segments, rates
     assert (out[~ref_lse.isfinite()] == 0).all()
     # Gradients through out and lse: merge weights included.
     assert_out_lse_and_gradients_match(out, lse, ref, ref_lse, (q, k, v))
+
+
+def _random_config(seed: int):
+    """Awkward random configurations: N not a multiple of the segments, H not of
+    the rates, segments longer than N, rates sharing a segment (groups mode's
+    neighbouring parts), and q, k, v as (B, N, H, D) transposed or contiguous."""
+    rng = random.Random(seed)
+    branches = rng.randint(1, 4)
+    segments = [rng.choice([6, 8, 16, 30, 64, 128]) for _ in range(branches)]
+    rates = [rng.randint(1, 6) for _ in range(branches)]
+    if rng.random() < 0.3:  # equal (w, r) in a row: groups mode's parts become neighbours
+        segments[-1], rates[-1] = segments[0], rates[0]
+    return dict(n=rng.randint(1, 300), heads=rng.randint(1, 9), dim=rng.choice([4, 8, 16]), segments=tuple(segments),
+                rates=tuple(rates), causal=rng.random() < 0.5, mode=rng.choice(["longnet", "groups"]),
+                padded=rng.random() < 0.3, transposed=rng.random() < 0.5)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_one_batch_row_shares_calls_and_matches_reference_on_random_configs(seed, device):
+    # With one batch row a layer's parts share a kernel call (impl/sdpa.plan_calls): rows of
+    # neighbouring head blocks as one strided view; every row must still be the reference's.
+    c = _random_config(seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, c["n"], c["heads"], c["dim"]) if c["transposed"] else (1, c["heads"], c["n"], c["dim"])
+    q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64).to(device) for _ in range(3))
+    if c["transposed"]:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    mask = (torch.rand(1, c["n"], generator=gen) < 0.25).to(device) if c["padded"] else None
+    kw = dict(segment_lengths=c["segments"], dilation_rates=c["rates"], causal=c["causal"], mode=c["mode"],
+              key_padding_mask=mask, return_lse=True)
+    out, lse = dilated_attention(q, k, v, impl="sdpa", **kw)
+    ref, ref_lse = dilated_attention(q, k, v, impl="reference", **kw)
+    assert_out_lse_and_gradients_match(out, lse, ref, ref_lse, (q, k, v), msg=str(c))
+
+
+def test_groups_mode_neighbours_share_a_call_and_match_reference(device):
+    # groups mode, three branches of one (w, r): offsets 0, 1, 2 over blocks of two heads: one call for
+    # the full segments; in the short last one (4 positions) offset 0 keeps 2 rows, offsets 1 and 2 one
+    from dilcompile.dilated.geometry import plan_parts
+    from dilcompile.dilated.impl.sdpa import plan_calls
+
+    kw = dict(segment_lengths=(9, 9, 9), dilation_rates=(3, 3, 3), mode="groups", return_lse=True)
+    assert [len(c.parts) for c in plan_calls(40, 1, plan_parts(6, (9, 9, 9), (3, 3, 3), "groups"))] == [3, 1, 2]
+    q, k, v = random_qkv(1, 6, 40, 8, device=device, requires_grad=True, seed=3)
+    out, lse = dilated_attention(q, k, v, impl="sdpa", **kw)
+    ref, ref_lse = dilated_attention(q, k, v, impl="reference", **kw)
+    assert_out_lse_and_gradients_match(out, lse, ref, ref_lse, (q, k, v))
+
+
+@pytest.mark.parametrize("batch, n, calls", [(1, 16384, 5), (1, 16484, 11), (2, 16384, 31)])
+def test_longnet_layers_are_one_call_each_with_one_batch_row(batch, n, calls, monkeypatch):
+    # The LongNet configuration is 31 parts; at B = 1 each layer's parts are one view, one call
+    # (where N is a multiple of the rates a short last segment adds one per layer); at B = 2 the
+    # batch and block strides differ and the parts keep their own calls. Counted, not timed.
+    from dilcompile.dilated.geometry import plan_parts
+    from dilcompile.dilated.impl import sdpa
+
+    parts = plan_parts(16, (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8, 16))
+    assert len(parts) == 31 and len(sdpa.plan_calls(n, batch, parts)) == calls
+    seen = []
+    real = sdpa.attention_forward
+    monkeypatch.setattr(sdpa, "attention_forward", lambda q, *a: seen.append(q.shape) or real(q, *a))
+    q = torch.randn(batch, 16, n, 1, dtype=torch.float32)
+    sdpa.dilated_forward(q, q, q, parts, False, 1.0)
+    assert len(seen) == calls
 
 
 def test_gradients_only_through_out_skip_lse_term(device):

@@ -106,10 +106,13 @@ def merge_pieces(pieces, shape, dtype, device):
     table = [ps + [-1] * (most - len(ps)) for ps in per_head]
     ints = torch.tensor([g for geometry, _, _ in pieces for g in geometry] or [0], dtype=torch.int32)
     addresses = torch.tensor([[o.data_ptr(), l.data_ptr()] for _, o, l in pieces] or [[0, 0]], dtype=torch.int64)
-    # one host-to-device copy for all the small tables
+    # One host-to-device copy for all the small tables, from pinned memory (PyTorch's caching host
+    # allocator, which keeps the block until the copy has run): a copy from pageable memory waits for
+    # the stream — every attention call of this forward — before the merge can even be queued.
     packed = torch.cat([ints.to(torch.int64), torch.tensor(table, dtype=torch.int64).flatten(),
                         addresses.t().flatten()])
-    packed = packed.to(device, non_blocking=False)
+    if device.type == "cuda":
+        packed = packed.pin_memory().to(device, non_blocking=True)
     geom = packed[: ints.numel()].to(torch.int32)
     head_pieces = packed[ints.numel(): ints.numel() + heads * most].to(torch.int32)
     piece_out, piece_lse = packed[ints.numel() + heads * most:].view(2, -1)

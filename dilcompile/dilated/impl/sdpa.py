@@ -8,6 +8,7 @@ docs/performance.md ("impl="sdpa"").
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -29,32 +30,80 @@ def _spans(n: int, part: Part) -> Iterator[tuple[int, int, int]]:
         yield full, 1, tail
 
 
-def _pieces(x: Tensor, part: Part) -> Iterator[Tensor]:
-    """Views of ``x`` (B, H, N, *rest) holding the rows of ``part``, one per
-    ``_spans`` entry, shaped (B, heads, segments, rows, *rest)."""
-    heads = x[:, part.h0 : part.h1]
-    for first, segments, length in _spans(x.shape[2], part):
-        span = heads[:, :, first * part.segment : first * part.segment + segments * length]
-        yield span.unflatten(2, (segments, length))[:, :, :, part.offset :: part.rate]
+@dataclass(frozen=True)
+class Call:
+    """One kernel call: ``parts`` of one layer over the same span, each the
+    next one's neighbour (offset + 1, the next block of as many heads), so
+    that their rows form one strided view (``_view``)."""
+
+    parts: tuple[Part, ...]
+    first: int  # first segment of the span
+    segments: int
+    length: int  # positions per segment in the span (w, or the short last segment)
+    rows: int  # kept rows per segment, the same for every part
+
+
+def _follows(a: Part, b: Part) -> bool:
+    return (a.layer, a.segment, a.rate, a.h1 - a.h0) == (b.layer, b.segment, b.rate, b.h1 - b.h0) \
+        and (b.offset, b.h0) == (a.offset + 1, a.h1)
+
+
+def plan_calls(n: int, batch: int, parts: tuple[Part, ...]) -> list[Call]:
+    """The kernel calls of ``parts`` over N = n positions. With one batch row,
+    a layer's neighbouring parts share a call: a LongNet layer of rate r is r
+    parts (head block j keeps offset j) whose rows are one view, since moving
+    to the next block moves by its heads and one position; the LongNet
+    configuration at B = 1 is 5 calls instead of 31, which is most of the host
+    time of a forward at N = 16K (docs/performance.md). With several rows the
+    batch and block strides differ and a shared call would copy: one call per
+    part and span."""
+    calls: list[Call] = []
+    open_calls: dict[tuple, int] = {}  # (layer, span, rows) → index of the call that may grow
+    for part in parts:
+        for first, segments, length in _spans(n, part):
+            rows = -(-(length - part.offset) // part.rate)
+            key = (part.layer, first, segments, length, rows)
+            at = open_calls.get(key)
+            if batch == 1 and at is not None and _follows(calls[at].parts[-1], part):
+                calls[at] = replace(calls[at], parts=calls[at].parts + (part,))
+            else:
+                open_calls[key] = len(calls)
+                calls.append(Call((part,), first, segments, length, rows))
+    return calls
+
+
+def _view(x: Tensor, call: Call) -> Tensor:
+    """The rows of ``call`` in ``x`` (B, H, N, *rest) as a view
+    (B, parts, heads, segments, rows, *rest): part j starts ``j`` blocks of
+    heads and ``j`` positions after the first."""
+    p = call.parts[0]
+    s_b, s_h, s_n, *rest = x.stride()
+    heads = p.h1 - p.h0
+    start = x.storage_offset() + p.h0 * s_h + (call.first * p.segment + p.offset) * s_n
+    size = (x.shape[0], len(call.parts), heads, call.segments, call.rows, *x.shape[3:])
+    return x.as_strided(size, (s_b, heads * s_h + s_n, s_h, p.segment * s_n, p.rate * s_n, *rest), start)
+
+
+def _flat(view: Tensor) -> Tensor:
+    """(B, parts, heads, segments, rows, *rest) → (B·parts, heads·segments, rows, *rest):
+    a view where the strides allow it (one batch row or one part, N a multiple
+    of the segment), else a copy."""
+    return view.flatten(2, 3).flatten(0, 1)
 
 
 def _batched(view: Tensor) -> Tensor:
-    """(B, heads, segments, rows, *rest) view → (B, heads·segments, rows, *rest):
-    a view where the strides allow it (N a multiple of the segment), else a copy;
-    contiguous on CUDA, whose kernels want dense rows."""
-    flat = view.flatten(1, 2)
+    """``_flat``, contiguous on CUDA, whose backward kernels want dense rows."""
+    flat = _flat(view)
     return flat if flat.device.type == "cpu" and flat.stride(-1) == 1 else flat.contiguous()
 
 
-def _key_masks(key_padding_mask: Tensor | None, q: Tensor, part: Part) -> Iterator[Tensor | None]:
-    """Per piece of ``part``: the kernel's key mask (B, heads·segments, 1, rows),
+def _key_mask(key_padding_mask: Tensor | None, q: Tensor, call: Call) -> Tensor | None:
+    """The kernel's key mask of ``call`` (B·parts, heads·segments, 1, rows),
     True = keep, from a (B, N) padding mask (True = padding); None if unmasked."""
     if key_padding_mask is None:
-        while True:
-            yield None
+        return None
     keep = (~key_padding_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
-    for piece in _pieces(keep, part):
-        yield _batched(piece)[:, :, None, :]
+    return _batched(_view(keep, call))[:, :, None, :]
 
 
 def dilated_forward(
@@ -70,15 +119,15 @@ def dilated_forward(
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
-    for part in parts:
-        masks = _key_masks(key_padding_mask, q, part)
-        for qv, kv, vv, ov, lv in zip(*(_pieces(t, part) for t in (q, k, v, out, lse))):
-            part_out, part_lse = attention_forward(_batched(qv), _batched(kv), _batched(vv), causal, scale, next(masks))
-            if part.layer:
-                merge_into(ov, lv, part_out.view(ov.shape), part_lse.view(lv.shape))
-            else:
-                ov.copy_(part_out.view(ov.shape))
-                lv.copy_(part_lse.view(lv.shape))
+    for call in plan_calls(q.shape[2], q.shape[0], parts):
+        call_out, call_lse = attention_forward(*(_batched(_view(t, call)) for t in (q, k, v)), causal, scale,
+                                               _key_mask(key_padding_mask, q, call))
+        ov, lv = _view(out, call), _view(lse, call)
+        if call.parts[0].layer:
+            merge_into(ov, lv, call_out.view(ov.shape), call_lse.view(lv.shape))
+        else:
+            ov.copy_(call_out.view(ov.shape))
+            lv.copy_(call_lse.view(lv.shape))
     return out.to(q.dtype), lse
 
 
@@ -89,22 +138,23 @@ def merges_in_one_kernel(q: Tensor) -> bool:
 
 
 def _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask):
-    """``dilated_forward`` on CUDA: each piece's attention on strided views of
+    """``dilated_forward`` on CUDA: each call's attention on strided views of
     its rows (no gather copy where N is a multiple of the segment), its output
-    kept as the kernel returned it, then one merge over all of them."""
+    kept as the kernel returned it, then one merge over all of them (a piece
+    per part and span)."""
     from ...kernels.triton_merge import merge_pieces
 
-    n = q.shape[2]
+    batch = q.shape[0]
     pieces = []
-    for part in parts:
-        masks = _key_masks(key_padding_mask, q, part)
-        spans = _spans(n, part)
-        for qv, kv, vv in zip(*(_pieces(t, part) for t in (q, k, v))):
-            first, segments, _ = next(spans)
-            out, lse = attention_forward(*(view.flatten(1, 2) for view in (qv, kv, vv)), causal, scale, next(masks))
-            geometry = (part.segment, part.rate, part.offset, first, segments, qv.shape[3], part.h0,
+    for call in plan_calls(q.shape[2], batch, parts):
+        out, lse = attention_forward(*(_flat(_view(t, call)) for t in (q, k, v)), causal, scale,
+                                     _key_mask(key_padding_mask, q, call))
+        out = out.contiguous().unflatten(0, (batch, len(call.parts)))  # (B, parts, heads·segments, rows, D)
+        lse = lse.float().contiguous().unflatten(0, (batch, len(call.parts)))
+        for j, part in enumerate(call.parts):  # B = 1 or one part: each slice is contiguous
+            geometry = (part.segment, part.rate, part.offset, call.first, call.segments, call.rows, part.h0,
                         part.h1 - part.h0)
-            pieces.append((geometry, out.contiguous(), lse.float().contiguous()))
+            pieces.append((geometry, out[:, j], lse[:, j]))
     return merge_pieces(pieces, q.shape, q.dtype, q.device)
 
 
@@ -124,25 +174,26 @@ def dilated_backward(
     """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``."""
     acc = accumulator_dtype(q.dtype)
     grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
-    if grad_lse is not None and not grad_lse.any():
+    # A zero lse gradient adds nothing: skip its two extra calls per part where asking is free. On
+    # CUDA the answer is a host sync (the backward would wait for the GPU); there the term is computed.
+    if grad_lse is not None and grad_lse.device.type == "cpu" and not grad_lse.any():
         grad_lse = None
     tensors = (grad_out, q, k, v, out, lse, *grads)
     if grad_lse is not None:
         tensors += (grad_lse,)
-    for part in parts:
-        masks = _key_masks(key_padding_mask, q, part)
-        for views in zip(*(_pieces(t, part) for t in tensors)):
-            do_, q_, k_, v_, o_, l_ = (_batched(t) for t in views[:6])
-            dq_v, dk_v, dv_v = views[6:9]
-            mask = next(masks)
-            dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
-            if grad_lse is not None:
-                g = _batched(views[9])
-                extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale, mask)
-                dq, dk = dq.to(acc) + extra_dq, dk.to(acc) + extra_dk
-            dq_v += dq.view(dq_v.shape)
-            dk_v += dk.view(dk_v.shape)
-            dv_v += dv.view(dv_v.shape)
+    for call in plan_calls(q.shape[2], q.shape[0], parts):
+        views = [_view(t, call) for t in tensors]
+        do_, q_, k_, v_, o_, l_ = (_batched(t) for t in views[:6])
+        dq_v, dk_v, dv_v = views[6:9]
+        mask = _key_mask(key_padding_mask, q, call)
+        dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
+        if grad_lse is not None:
+            g = _batched(views[9])
+            extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale, mask)
+            dq, dk = dq.to(acc) + extra_dq, dk.to(acc) + extra_dk
+        dq_v += dq.view(dq_v.shape)
+        dk_v += dk.view(dk_v.shape)
+        dv_v += dv.view(dv_v.shape)
     return tuple(g.to(q.dtype) for g in grads)
 
 
