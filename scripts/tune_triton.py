@@ -70,6 +70,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     keep = q.new_empty(1, dtype=torch.int8)
     segments = launcher._no_segment_table(q)  # one sequence: the kernels compute their segments
     flags = dict(HAS_KEEP=False, VARLEN=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
+    covers = launcher.first_branch_covers_all(SEGMENTS, RATES, "longnet")  # as the launcher: branch 0 writes
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
@@ -91,9 +92,10 @@ def _launcher(kernel: str, config, t: dict, dim: int):
             grid = (launcher._programs(w, r, n, tile), heads)
             common = (keep, offsets, segments, i, heads, n, dim, w, r, dim ** -0.5)
             if kernel == "fwd":
-                fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **flags, **m)
+                fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **flags, FIRST=covers and i == 0, **m)
             else:
-                fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **flags, **m)
+                fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **flags,
+                         FIRST=covers and i == 0, **m)
         return outs
 
     return run

@@ -77,7 +77,7 @@ try:
             args |= {name: cuda(1, 4, 512, dtype=torch.float32) for name in ("LSE", "DELTA")}
             args |= dict(KEEP=cuda(1, dtype=torch.int8), OFFSETS=cuda(2, 4, dtype=torch.int32),
                          SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125,
-                         HAS_KEEP=True, VARLEN=True, CAUSAL=True, PREC=0, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
+                         HAS_KEEP=True, VARLEN=True, CAUSAL=True, PREC=0, FIRST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
             written = {}
             for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
                 fn = getattr(kernels, name)

@@ -126,3 +126,39 @@ def test_triton_refuses_what_it_cannot_serve():
     q, k, v = random_qkv(1, 2, 8, 320, dtype=torch.float32, device=DEVICE)
     with pytest.raises(ValueError, match="head_dim"):
         dilated_attention(q, k, v, segment_lengths=(4,), dilation_rates=(1,), impl="triton")
+
+
+@pytest.mark.parametrize("causal, masked, packed", [(False, False, False), (True, True, False), (False, True, False),
+                                                    (True, False, True)])
+def test_first_branch_writes_every_row_of_unset_buffers(causal, masked, packed, monkeypatch):
+    # Rate 1 first (LongNet mode): its launches write the fp32 buffers whole instead of adding to
+    # zero-filled ones. Left unset they hold anything: here NaN, which any row left unwritten (a key
+    # the key mask removes, a short last segment, a packed document's edge) would carry out.
+    from dilcompile.dilated.impl import triton as launcher
+
+    poisoned = []
+    monkeypatch.setattr(launcher, "_unset", lambda shape, device: poisoned.append(shape) or torch.full(
+        shape, float("nan"), device=device))
+    segments, rates = (8, 20, 64), (1, 2, 4)
+    assert launcher.first_branch_covers_all(segments, rates, "longnet")
+    assert not launcher.first_branch_covers_all(segments, rates, "groups")
+    assert not launcher.first_branch_covers_all((8, 20), (2, 1), "longnet")
+    n, heads = 75, 3
+    q, k, v = random_qkv(1, heads, n, 16, dtype=torch.float32, device=DEVICE, requires_grad=True, seed=1)
+    mask = (torch.rand(1, n, generator=torch.Generator().manual_seed(1)) < 0.3).to(DEVICE) if masked else None
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, return_lse=True)
+    if packed:
+        cu = torch.tensor([0, 1, 30, 30, 75], dtype=torch.int32, device=DEVICE)
+        out, lse = dilated_attention(q, k, v, impl="triton", cu_seqlens=cu, **kw)
+        ref, ref_lse = dilated_attention(q, k, v, impl="sdpa", cu_seqlens=cu, **kw)
+    else:
+        out, lse = dilated_attention(q, k, v, impl="triton", key_mask=mask, **kw)
+        ref, ref_lse = dilated_attention(q, k, v, impl="reference", key_mask=mask, **kw)
+    grads = torch.autograd.grad((out * ref.detach()).sum() + lse.nan_to_num(0, 0, 0).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * ref.detach()).sum() + ref_lse.nan_to_num(0, 0, 0).sum(), (q, k, v))
+    assert len(poisoned) == (3 if masked else 5)  # out and lse, dq, and dk, dv but where a key mask skips keys
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(lse.isfinite(), ref_lse.isfinite())
+    for name, g, w in zip("qkv", grads, want):
+        assert not g.isnan().any(), name
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=f"d{name}")

@@ -130,7 +130,7 @@ def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
 @triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
@@ -175,14 +175,19 @@ def _fwd_kernel(
         # merge with the earlier branches (exp2 domain); a NaN sum stays NaN
         covered = l_i != 0
         lse_b = tl.where(covered, m_i + tl.log2(tl.where(covered, l_i, 1.0)), float("-inf"))
-        lse_old = tl.load(LSE + lbase + rows, mask=q_ok, other=float("-inf")) * 1.4426950408889634
+        if FIRST:  # the first launch writes every row: nothing to read (the buffers are left unset)
+            lse_old = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            out_old = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        else:
+            lse_old = tl.load(LSE + lbase + rows, mask=q_ok, other=float("-inf")) * 1.4426950408889634
+            out_old = tl.load(O + tile, mask=tile_mask, other=0.0)
         top = tl.maximum(lse_old, lse_b)
         top = tl.where(top == float("-inf"), 0.0, top)
         a_old = tl.exp2(lse_old - top)
         a_new = tl.exp2(lse_b - top)
         total = a_old + a_new
         total_safe = tl.where(total == 0, 1.0, total)
-        out = tl.load(O + tile, mask=tile_mask, other=0.0) * (a_old / total_safe)[:, None] \
+        out = out_old * (a_old / total_safe)[:, None] \
             + acc * (a_new / (tl.where(covered, l_i, 1.0) * total_safe))[:, None]
         lse = tl.where(total == 0, float("-inf"), top + tl.log2(total_safe)) / 1.4426950408889634
         tl.store(O + tile, out, mask=tile_mask)
@@ -192,7 +197,7 @@ def _fwd_kernel(
 @triton.jit
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
@@ -233,13 +238,15 @@ def _dq_kernel(
             ds = p * (dp - delta[:, None])
             dq += _dot(ds.to(k.dtype), k, PREC)
         dq = dq * scale
-        tl.store(DQ + tile, tl.load(DQ + tile, mask=tile_mask, other=0.0) + dq, mask=tile_mask)
+        if not FIRST:  # later launches add to what the earlier ones wrote
+            dq += tl.load(DQ + tile, mask=tile_mask, other=0.0)
+        tl.store(DQ + tile, dq, mask=tile_mask)
 
 
 @triton.jit
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
@@ -289,5 +296,9 @@ def _dkdv_kernel(
             dv += _dot(pt.to(do.dtype), do, PREC)
             dk += _dot(dst.to(q.dtype), q, PREC)
         dk = dk * scale
-        tl.store(DK + tile, tl.load(DK + tile, mask=tile_mask, other=0.0) + dk, mask=tile_mask)
-        tl.store(DV + tile, tl.load(DV + tile, mask=tile_mask, other=0.0) + dv, mask=tile_mask)
+        if not FIRST:  # one buffer at a time: both read tiles held at once would spill
+            dk += tl.load(DK + tile, mask=tile_mask, other=0.0)
+        tl.store(DK + tile, dk, mask=tile_mask)
+        if not FIRST:
+            dv += tl.load(DV + tile, mask=tile_mask, other=0.0)
+        tl.store(DV + tile, dv, mask=tile_mask)

@@ -113,7 +113,7 @@ def compile_kernel(config: Config):
     meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
                             config.arch)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
-    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal,
+    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal, FIRST=False,  # the reading variant: heavier
                       PREC=launcher._precision(dtype))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).

@@ -151,8 +151,11 @@ def dilated_forward_triton(
     into its own segments: still one launch per branch, whatever their number."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch, heads, n, dim = _shape(q)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
+    covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
+    if covers:  # the first launch writes every row
+        out, lse = _unset(q.shape, q.device), _unset((batch, heads, n), q.device)
+    else:
+        out, lse = _zeros(q.shape, q.device), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
     keep, has_keep = _keep(key_padding_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
@@ -163,7 +166,7 @@ def dilated_forward_triton(
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, out, lse, keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r,
-            float(scale), **flags, **_launch("fwd", tile, dim, q.dtype, arch))
+            float(scale), **flags, FIRST=covers and i == 0, **_launch("fwd", tile, dim, q.dtype, arch))
     return out.to(q.dtype), lse
 
 
@@ -181,8 +184,12 @@ def dilated_backward_triton(
         delta = delta - torch.where(lse.isfinite(), grad_lse.float(), torch.zeros_like(delta))
     delta = delta.contiguous()
     lse = lse.float().contiguous()
-    dq, dk, dv = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3))
+    covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
     keep, has_keep = _keep(key_padding_mask, q)
+    # The first launches write every row, but dk/dv skip the keys a key mask removes (they stay 0).
+    first_dq, first_dkdv = covers, covers and not has_keep
+    dq = _unset(q.shape, q.device) if first_dq else _zeros(q.shape, q.device)
+    dk, dv = (_unset(q.shape, q.device) if first_dkdv else _zeros(q.shape, q.device) for _ in range(2))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     no_table = _no_segment_table(q)
@@ -192,13 +199,32 @@ def dilated_backward_triton(
         common = (keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r, float(scale))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
         wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, grad_out, lse, delta, dq, *common, **flags,
+            q, k, v, grad_out, lse, delta, dq, *common, **flags, FIRST=first_dq and i == 0,
             **_launch("dq", tile, dim, q.dtype, arch))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
         wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, grad_out, lse, delta, dk, dv, *common, **flags,
+            q, k, v, grad_out, lse, delta, dk, dv, *common, **flags, FIRST=first_dkdv and i == 0,
             **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def first_branch_covers_all(segment_lengths, dilation_rates, mode: str) -> bool:
+    """Whether the first branch reaches every (batch, head, row): rate 1 for every
+    head (LongNet mode, or groups mode with one group). Then its launches write
+    the fp32 buffers instead of adding to them, and nothing is zero-filled
+    first: at N = 2²⁰, H = 16, D = 128 that is 16 GiB less traffic a forward
+    and 48 GiB a backward."""
+    return int(dilation_rates[0]) == 1 and (mode == "longnet" or len(segment_lengths) == 1)
+
+
+def _unset(shape, device) -> Tensor:
+    """An fp32 buffer the first launch writes whole (the tests fill it with NaN to prove it)."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
+def _zeros(shape, device) -> Tensor:
+    """An fp32 buffer the launches add into."""
+    return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
 def _no_segment_table(q: Tensor) -> Tensor:
