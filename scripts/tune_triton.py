@@ -5,7 +5,8 @@ choices on this GPU: the evidence behind ``dilated/work.py``'s ``tile_cap``,
     python scripts/tune_triton.py --out runs/tiles.jsonl           # on a GPU
     python scripts/tune_triton.py --dims 128 --n 65536 --rounds 2
 
-Each candidate (kernel, owned tile, walk, warps, stages) launches one kernel
+Each candidate (kernel, owned tile, walk, warps, stages, and whether it
+walks whole blocks without masks) launches one kernel
 over every branch of the LongNet configuration (B = 1, H = 16, bf16) exactly
 as the launcher does; candidates are timed in interleaved rounds (A, B, …,
 A, B, …) with CUDA events (median of triton's do_bench), and each one's
@@ -34,15 +35,17 @@ from dilcompile.profile.runner import run_script  # noqa: E402
 
 SEGMENTS, RATES = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]  # --rehearse shrinks them
 
-# (owned tile, walk, warps, stages) per kernel and head dim: the launcher's current choice is added to each
+# (owned tile, walk, warps, stages[, whole]) per kernel and head dim, whole = walk the blocks every row sees
+# whole without building masks (SPLIT, forward and dq; default off): the launcher's current choice is added to each
 CANDIDATES = {
-    128: {"fwd": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)],
-          "dq": [(64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
-          "dkdv": [(64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3),
-                   (64, 32, 4, 3)]},
-    64: {"fwd": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
-         "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)],
-         "dkdv": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]},
+    128: {"fwd": [(128, 64, 8, 3), (128, 64, 8, 3, True), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 128, 8, 2),
+                  (128, 32, 8, 3), (64, 64, 4, 3)],
+          "dq": [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 3, True), (128, 32, 8, 3), (64, 32, 4, 3),
+                 (64, 32, 4, 3, True)],
+          "dkdv": [(64, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)]},
+    64: {"fwd": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 3, True), (128, 128, 8, 2)],
+         "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3, True), (128, 32, 8, 3)],
+         "dkdv": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]},
 }
 DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
 
@@ -78,9 +81,10 @@ def _launcher(kernel: str, config, t: dict, dim: int):
         if config is None:
             tile = branch_tile(w, r, n, dim, False, q.dtype.itemsize, arch, kernel)
             return tile, launcher._launch(kernel, tile, dim, q.dtype, arch)
-        owned, walk, warps, stages = config
+        owned, walk, warps, stages, *whole = config
         blocks = dict(BLOCK_M=walk, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walk)
-        return owned, dict(blocks, BLOCK_D=launcher.block_d(dim), num_warps=warps, num_stages=stages)
+        split = {} if kernel == "dkdv" else dict(SPLIT=bool(whole and whole[0]))  # dk/dv: always masked
+        return owned, dict(blocks, BLOCK_D=launcher.block_d(dim), num_warps=warps, num_stages=stages, **split)
 
     plans = [(i, w, r, *meta(w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 
@@ -99,6 +103,13 @@ def _launcher(kernel: str, config, t: dict, dim: int):
         return outs
 
     return run
+
+
+def _label(config) -> str:
+    """"launcher", or owned/walk/warps/stages with "/whole" where it walks whole blocks unmasked."""
+    if config is None:
+        return "launcher"
+    return "/".join(map(str, config[:4])) + ("/whole" if config[4:] and config[4] else "")
 
 
 def _useful_flops(kernel: str, n: int, heads: int, dim: int) -> float:
@@ -180,7 +191,7 @@ def main(argv=None) -> int:
             row = dict(device="cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(),
                        torch=torch.__version__, triton=triton.__version__, n=args.n, heads=args.heads,
                        head_dim=dim, dtype=str(dtype).removeprefix("torch."), kernel=kernel,
-                       config="launcher" if config is None else "/".join(map(str, config)), round=round_, ms=ms,
+                       config=_label(config), round=round_, ms=ms,
                        useful_tflops=flops / ms / 1e9, rel_err_vs_launcher=errors[job])
             rows.append(row)
             print(json.dumps(row), flush=True)

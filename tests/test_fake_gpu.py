@@ -77,13 +77,14 @@ try:
             args |= {name: cuda(1, 4, 512, dtype=torch.float32) for name in ("LSE", "DELTA")}
             args |= dict(KEEP=cuda(1, dtype=torch.int8), OFFSETS=cuda(2, 4, dtype=torch.int32),
                          SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125,
-                         HAS_KEEP=True, VARLEN=True, CAUSAL=True, PREC=0, FIRST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
+                         CAUSAL=True, PREC=0, FIRST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
             written = {}
-            for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-                fn = getattr(kernels, name)
-                result = analyse(fn, {arg: args[arg] for arg in fn.arg_names}, {})
-                writes = result.read_writes.writes if hasattr(result, "read_writes") else result
-                written[name] = sorted(getattr(dep, "name", dep) for dep in writes)
+            for flags in (dict(HAS_KEEP=True, VARLEN=True, SPLIT=False), dict(HAS_KEEP=False, VARLEN=False, SPLIT=True)):
+                for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):  # what any flag set writes
+                    fn = getattr(kernels, name)
+                    result = analyse(fn, {arg: (args | flags)[arg] for arg in fn.arg_names}, {})
+                    writes = result.read_writes.writes if hasattr(result, "read_writes") else result
+                    written[name] = sorted(set(written.get(name, [])) | {getattr(dep, "name", dep) for dep in writes})
             print(json.dumps({"kernels": [[name, 1, 0] for name in written], "written": written}))
             sys.exit(0)
         elif case.startswith("triton-longnet"):  # the LongNet configuration at N = 65536, as the GPU probe ran it

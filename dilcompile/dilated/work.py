@@ -52,14 +52,16 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-# Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages) timed fastest on
-# an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
+# Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages, whole) timed fastest
+# on an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
 # runs/h100-80gb-tune/). Against the choice ptxas register reports had made: at D = 128 the same forward,
 # dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the heaviest flag
-# variants) and are still the fastest: docs/gpu.md, "Tile choice".
+# variants) and are still the fastest: docs/gpu.md, "Tile choice". ``whole``: walk the blocks every row
+# sees whole without building masks (SPLIT of the forward and dq kernels; dk/dv always mask: walking its
+# blocks unmasked spilled 2-4x more at D = 128) — a candidate not yet timed, so off.
 HOPPER_HALF = {
-    64: {"fwd": (128, 64, 4, 3), "dq": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3)},
-    128: {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (128, 64, 8, 3)},
+    64: {"fwd": (128, 64, 4, 3, False), "dq": (64, 64, 4, 3, False), "dkdv": (64, 64, 4, 3, False)},
+    128: {"fwd": (128, 64, 8, 3, False), "dq": (128, 64, 8, 3, False), "dkdv": (128, 64, 8, 3, False)},
 }
 
 
@@ -77,7 +79,7 @@ def auto_impl(arch: int, dtype_bytes: int, head_dim: int, training: bool) -> str
     return "triton" if training and (arch, dtype_bytes, head_dim) in TRITON_TRAINS_FASTER else "sdpa"
 
 
-def timed_config(head_dim: int, dtype_bytes: int, arch: int, kernel: str) -> tuple[int, int, int, int] | None:
+def timed_config(head_dim: int, dtype_bytes: int, arch: int, kernel: str) -> tuple[int, int, int, int, bool] | None:
     """``HOPPER_HALF``'s entry for this kernel, or None where nothing was timed."""
     if arch != 90 or dtype_bytes != 2:
         return None
@@ -128,6 +130,14 @@ def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, ker
     else:
         warps = 4 if tile >= 32 or lanes >= 128 else 2
     return warps, 2
+
+
+def whole_blocks(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> bool:
+    """Whether a kernel owning ``tile`` positions walks the blocks every row
+    sees whole without building masks (the kernels' SPLIT): only where that
+    was timed faster (``HOPPER_HALF``)."""
+    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
+    return timed is not None and tile == timed[0] and timed[4]
 
 
 def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2, arch: int = 90,

@@ -24,6 +24,13 @@ same-class keys and walks the class's queries. Both use the merged lse, so
 gradient ``g`` at the returned lse enters as ``dS = P ∘ (dP − Δ + g)`` with
 ``Δ = rowsum(dO ∘ O)`` (the launcher folds ``g`` into Δ).
 
+Two constexpr switches, set by the launcher: ``FIRST`` for the launches of a
+first branch that reaches every row (its programs write the fp32 buffers
+instead of adding to them, so they need no zero-fill and no read), and
+``SPLIT`` (forward and dq) to walk the key blocks every row of a tile sees
+whole without building a mask, the causal diagonal and a class's short end
+with one — a tuning candidate (``dilated/work.py``), off until timed faster.
+
 ``scale`` is cast to fp32 on entry: torch.compile types a Python-float kernel
 argument as fp64, which would make the softmax state fp64 (a compile error in
 the forward's loop, thousands of fp64 instructions in the backward).
@@ -128,9 +135,49 @@ def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
 
 
 @triton.jit
+def _whole_keys(n_class, first, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """With ``SPLIT``, the key blocks from class index 0 that every query of the
+    tile starting at ``first`` sees whole — inside the class, no key mask, and
+    (causal) before the tile's first query — as a count of keys; the loops
+    walk those without building a mask, the rest with it. 0 without SPLIT."""
+    n_whole = 0
+    if SPLIT and not HAS_KEEP:
+        n_whole = n_class
+        if CAUSAL:
+            n_whole = tl.minimum(n_whole, first + 1)
+        n_whole = n_whole // BLOCK_N * BLOCK_N
+    return n_whole
+
+
+@triton.jit
+def _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N: tl.constexpr):
+    """k and v rows of class indices t0 … t0 + BLOCK_N − 1, all inside the class
+    (``SPLIT``'s unmasked blocks): only the head-dim lanes are masked."""
+    kpos = s0 + off + (t0 + tl.arange(0, BLOCK_N)) * r
+    kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
+    return tl.load(K + kv, mask=d_ok[None, :], other=0.0), tl.load(V + kv, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr):
+    """One key block of the forward's online softmax (exp2 domain): scores
+    ``s`` (already scaled, −inf where masked) and values ``v`` into the
+    running max ``m_i``, sum ``l_i`` and output ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
@@ -157,7 +204,12 @@ def _fwd_kernel(
         n_keys = n_class
         if CAUSAL:  # keys past the tile's last query never count
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
-        for t0 in range(0, n_keys, BLOCK_N):
+        n_whole = _whole_keys(n_class, first, HAS_KEEP, CAUSAL, SPLIT, BLOCK_N)
+        for t0 in range(0, n_whole, BLOCK_N):  # no mask to build: every row sees every key
+            k, v = _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+            s = _dot(q, tl.trans(k), PREC) * qk_scale
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
+        for t0 in range(n_whole, n_keys, BLOCK_N):
             tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
                                         HAS_KEEP, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
@@ -165,13 +217,7 @@ def _fwd_kernel(
             if CAUSAL:
                 keep = keep & (tk[None, :] <= t[:, None])
             s = tl.where(keep, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
         # merge with the earlier branches (exp2 domain); a NaN sum stays NaN
         covered = l_i != 0
         lse_b = tl.where(covered, m_i + tl.log2(tl.where(covered, l_i, 1.0)), float("-inf"))
@@ -198,6 +244,7 @@ def _fwd_kernel(
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
@@ -226,7 +273,15 @@ def _dq_kernel(
         n_keys = n_class
         if CAUSAL:
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
-        for t0 in range(0, n_keys, BLOCK_N):
+        n_whole = _whole_keys(n_class, first, HAS_KEEP, CAUSAL, SPLIT, BLOCK_N)
+        for t0 in range(0, n_whole, BLOCK_N):  # no mask to build: every row sees every key
+            k, v = _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+            s = _dot(q, tl.trans(k), PREC)
+            dp = _dot(do, tl.trans(v), PREC)
+            p = tl.exp2(s * qk_scale - lse[:, None])
+            ds = p * (dp - delta[:, None])
+            dq += _dot(ds.to(k.dtype), k, PREC)
+        for t0 in range(n_whole, n_keys, BLOCK_N):
             tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
                                         HAS_KEEP, BLOCK_N)
             keep = q_ok[:, None] & k_ok[None, :]

@@ -44,6 +44,7 @@ class Config:
     has_keep: bool = True
     typing: str = "eager"  # or "inductor": scale fp64, integers i64
     varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
+    split: bool = False  # walk the blocks every row sees whole without masks (SPLIT: forward and dq)
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,10 @@ def compile_kernel(config: Config):
     meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
                             config.arch)
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
-    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal, FIRST=False,  # the reading variant: heavier
-                      PREC=launcher._precision(dtype))
+    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal,
+                      FIRST=False, PREC=launcher._precision(dtype))  # FIRST off: it reads more
+    if "SPLIT" in meta:
+        constexprs["SPLIT"] = config.split
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)

@@ -18,7 +18,7 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
-from ..work import block_d, branch_tile, branches, launch_shape, tile_shape
+from ..work import block_d, branch_tile, branches, launch_shape, tile_shape, whole_blocks
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -60,7 +60,10 @@ def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int
     if not interpreting():
         warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch, kernel)
         meta.update(num_warps=warps, num_stages=stages)
-    return dict(meta, BLOCK_D=block_d(head_dim))
+    meta["BLOCK_D"] = block_d(head_dim)
+    if kernel != "dkdv":  # dk/dv walk every block masked: unmasked ones spilled 2-4x more (docs/gpu.md)
+        meta["SPLIT"] = whole_blocks(tile, head_dim, dtype.itemsize, arch, kernel)
+    return meta
 
 
 def _shape(q: Tensor):
