@@ -91,22 +91,26 @@ def test_groups_mode_neighbours_share_a_call_and_match_reference(device):
     assert_out_lse_and_gradients_match(out, lse, ref, ref_lse, (q, k, v))
 
 
-@pytest.mark.parametrize("batch, n, calls", [(1, 16384, 5), (1, 16484, 11), (2, 16384, 31)])
-def test_longnet_layers_are_one_call_each_with_one_batch_row(batch, n, calls, monkeypatch):
-    # The LongNet configuration is 31 parts; at B = 1 each layer's parts are one view, one call
-    # (where N is a multiple of the rates a short last segment adds one per layer); at B = 2 the
-    # batch and block strides differ and the parts keep their own calls. Counted, not timed.
+@pytest.mark.parametrize("batch, n, transposed, calls, in_place", [
+    (1, 64, False, 5, True), (1, 65, False, 10, False), (2, 64, False, 31, True), (1, 64, True, 31, True),
+    (2, 64, True, 31, True)])
+def test_longnet_calls_share_or_read_q_in_place(batch, n, transposed, calls, in_place, monkeypatch):
+    # The LongNet configuration (here scaled by 1/256) is 31 parts. At B = 1 with heads outer in memory
+    # ((B, H, N, D)) each layer's parts are one view, one call (short last segments add calls, and
+    # copies, where N is not a multiple of the segments). With positions outer ((B, N, H, D), as a
+    # projection leaves q), or at B = 2, a shared call would copy: one call per part, each read in place.
     from dilcompile.dilated.geometry import plan_parts
     from dilcompile.dilated.impl import sdpa
 
-    parts = plan_parts(16, (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8, 16))
-    assert len(parts) == 31 and len(sdpa.plan_calls(n, batch, parts)) == calls
+    parts = plan_parts(16, (8, 16, 32, 64, 128), (1, 2, 4, 8, 16))
+    q = torch.randn(batch, n, 16, 8).transpose(1, 2) if transposed else torch.randn(batch, 16, n, 8)
+    assert len(parts) == 31 and len(sdpa._plan(q, parts)) == calls
     seen = []
     real = sdpa.attention_forward
-    monkeypatch.setattr(sdpa, "attention_forward", lambda q, *a: seen.append(q.shape) or real(q, *a))
-    q = torch.randn(batch, 16, n, 1, dtype=torch.float32)
+    monkeypatch.setattr(sdpa, "attention_forward", lambda x, *a: seen.append(x) or real(x, *a))
     sdpa.dilated_forward(q, q, q, parts, False, 1.0)
     assert len(seen) == calls
+    assert all(x.untyped_storage().data_ptr() == q.untyped_storage().data_ptr() for x in seen) == in_place
 
 
 def test_gradients_only_through_out_skip_lse_term(device):

@@ -38,18 +38,25 @@ def test_merged_once_equals_float64_reference_on_random_configs(seed, device):
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(c["batch"], c["heads"], c["n"], c["dim"], generator=gen, dtype=torch.float64)
                for _ in range(3))
+    if seed % 2:  # as a projection leaves them: (B, N, H, D) memory seen transposed (pieces segments outer)
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     mask = (torch.rand(c["batch"], c["n"], generator=gen) < 0.2) if c["padded"] else None
     parts = plan_parts(c["heads"], c["segments"], c["rates"], c["mode"])
     scale = c["dim"] ** -0.5
     want, want_lse = dilated_reference(q, k, v, parts, c["causal"], scale, mask)
     to = dict(device=device, dtype=torch.float32)
-    got, got_lse = _forward_merged_once(q.to(**to), k.to(**to), v.to(**to), parts, c["causal"], scale,
+    got, got_lse = _forward_merged_once(*(_moved(t, **to) for t in (q, k, v)), parts, c["causal"], scale,
                                         None if mask is None else mask.to(device))
     assert got.dtype == torch.float32 and got_lse.dtype == torch.float32
     assert torch.equal(got_lse.cpu().isneginf(), want_lse.isneginf()), c  # the same rows covered
     torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=2e-6, msg=str(c))
     finite = want_lse.isfinite()
     torch.testing.assert_close(got_lse.cpu().double()[finite], want_lse[finite], rtol=0, atol=2e-6, msg=str(c))
+
+
+def _moved(t, **to):
+    """``t`` on the device in the dtype, its memory layout kept."""
+    return torch.empty_strided(t.shape, t.stride(), **to).copy_(t)
 
 
 def test_rows_no_part_covers_are_zero_and_a_nan_key_stays_in_its_rows(device):

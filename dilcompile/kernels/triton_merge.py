@@ -2,8 +2,9 @@
 
 ``impl="sdpa"`` on CUDA runs each part as dense attention on strided views of
 its rows (``dilated/impl/sdpa.py``); a part's output comes back as one or two
-*pieces* (its full segments, and a short last one), each a contiguous
-(B, heads·segments, rows, D) tensor with its (…, rows) log-sum-exp. Merging
+*pieces* (its full segments, and a short last one), each a view
+(B, heads, segments, rows, D) of what the kernel returned, with its
+(…, rows) log-sum-exp. Merging
 them piece by piece into an fp32 accumulator reads and writes that
 accumulator once per piece and casts it at the end: at N = 2²⁰ that traffic
 costs a third of the attention's own time. This kernel instead owns a block
@@ -17,11 +18,15 @@ The pieces are separate allocations, so the kernel takes their addresses in
 a table (int64, one per piece) and casts them to pointers, as Triton's
 grouped-GEMM tutorial does; their geometry comes in an int32 table:
 
-    GEOM[p] = (segment w, rate r, offset, first segment, segments, rows, first head, heads)
+    GEOM[p] = (segment w, rate r, offset, first segment, segments, rows, first head, heads,
+               batch stride, head stride, segment stride)
 
 and ``HEAD_PIECES[h]`` lists the pieces of head h (−1 pads). Row n of head h
 is in piece p iff its segment s = n // w is one of p's, and n − s·w = offset +
-t·r with t < rows; it is row t of segment s − first of head h − first head.
+t·r with t < rows; it is row t of segment s − first of head h − first head,
+at row b·(batch stride) + (h − first head)·(head stride) + (s − first)·(segment
+stride) + t of the piece (its lse; × D for its output): a piece is a view of
+what the attention kernel returned, heads outer or segments outer.
 
 Merge rule (``numerics.merge_into``'s): weights against the running maximum
 lse, normalised by their own sum; a row no piece covers gets out 0, lse −inf;
@@ -33,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-GEOM_FIELDS = 8
+GEOM_FIELDS = 11
 
 
 @triton.jit
@@ -55,15 +60,16 @@ def _merge_pieces_kernel(
     for j in range(MAX_PIECES):
         p = tl.load(HEAD_PIECES + h * MAX_PIECES + j)
         if p >= 0:
-            g = GEOM + p * 8
+            g = GEOM + p * 11  # GEOM_FIELDS
             w, r, off = tl.load(g), tl.load(g + 1), tl.load(g + 2)
             first, segments, rows = tl.load(g + 3), tl.load(g + 4), tl.load(g + 5)
-            h0, heads = tl.load(g + 6), tl.load(g + 7)
+            h0 = tl.load(g + 6)
+            stride_b, stride_h, stride_s = tl.load(g + 8).to(tl.int64), tl.load(g + 9), tl.load(g + 10)
             s = n // w
             rel = n - s * w - off
             t = rel // r
             mine = n_ok & (s >= first) & (s < first + segments) & (rel >= 0) & (rel - t * r == 0) & (t < rows)
-            index = ((b * heads + (h - h0)) * segments + (s - first)).to(tl.int64) * rows + t
+            index = b * stride_b + (h - h0).to(tl.int64) * stride_h + (s - first).to(tl.int64) * stride_s + t
             lse_ptr = tl.load(PIECE_LSE + p).to(tl.pointer_type(tl.float32))
             out_ptr = tl.load(PIECE_OUT + p).to(tl.pointer_type(OUT.dtype.element_ty))
             lse_p = tl.load(lse_ptr + index, mask=mine, other=float("-inf"))
@@ -89,9 +95,9 @@ def _merge_pieces_kernel(
 
 def merge_pieces(pieces, shape, dtype, device):
     """out (B, H, N, D) in ``dtype`` and lse (B, H, N) float32 from ``pieces``:
-    (geometry, out, lse) with geometry the 8 ints of GEOM (module doc), out the
-    contiguous (B, heads·segments, rows, D) result and lse its (…, rows) float32
-    log-sum-exp. The tensors must stay alive until the kernel has run (the
+    (geometry, out, lse) with geometry the 11 ints of GEOM (module doc), out a
+    (B, heads, segments, rows, D) view with dense rows and lse its (…, rows)
+    float32 log-sum-exp, the same strides ÷ D. The tensors must stay alive until the kernel has run (the
     caller holds them; the launch is on the current stream)."""
     import torch
 

@@ -48,15 +48,20 @@ def _follows(a: Part, b: Part) -> bool:
         and (b.offset, b.h0) == (a.offset + 1, a.h1)
 
 
-def plan_calls(n: int, batch: int, parts: tuple[Part, ...]) -> list[Call]:
-    """The kernel calls of ``parts`` over N = n positions. With one batch row,
-    a layer's neighbouring parts share a call: a LongNet layer of rate r is r
-    parts (head block j keeps offset j) whose rows are one view, since moving
-    to the next block moves by its heads and one position; the LongNet
-    configuration at B = 1 is 5 calls instead of 31, which is most of the host
-    time of a forward at N = 16K (docs/performance.md). With several rows the
-    batch and block strides differ and a shared call would copy: one call per
-    part and span."""
+def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = True) -> list[Call]:
+    """The kernel calls of ``parts`` over N = n positions. With one batch row
+    and heads outer in memory (a (B, H, N, D) tensor), a layer's neighbouring
+    parts share a call: a LongNet layer of rate r is r parts (head block j
+    keeps offset j) whose rows are one view, since moving to the next block
+    moves by its heads and one position; the LongNet configuration at B = 1
+    is 5 calls instead of 31, which is most of the host time of a forward at
+    N = 16K (docs/performance.md). Otherwise one call per part and span, each
+    read in place (``_grouping``): with several batch rows the batch and block
+    strides differ, and with positions outer (a (B, N, H, D) tensor seen
+    transposed, as a projection leaves q) the blocks are not one stride apart,
+    so a shared call would copy its rows — on this CPU (LongNet-like, H = 16,
+    D = 64) 4-6% faster up to N = 2K, where calls cost more than copies, even
+    from 4K, 2% slower at 16K and 64K; on a GPU not yet timed."""
     calls: list[Call] = []
     open_calls: dict[tuple, int] = {}  # (layer, span, rows) → index of the call that may grow
     for part in parts:
@@ -64,12 +69,23 @@ def plan_calls(n: int, batch: int, parts: tuple[Part, ...]) -> list[Call]:
             rows = -(-(length - part.offset) // part.rate)
             key = (part.layer, first, segments, length, rows)
             at = open_calls.get(key)
-            if batch == 1 and at is not None and _follows(calls[at].parts[-1], part):
+            if batch == 1 and heads_outer and at is not None and _follows(calls[at].parts[-1], part):
                 calls[at] = replace(calls[at], parts=calls[at].parts + (part,))
             else:
                 open_calls[key] = len(calls)
                 calls.append(Call((part,), first, segments, length, rows))
     return calls
+
+
+def _plan(q: Tensor, parts: tuple[Part, ...]) -> list[Call]:
+    """``plan_calls`` for q (B, H, N, D) as it lies in memory."""
+    return plan_calls(q.shape[2], q.shape[0], parts, holds_heads_outer(q))
+
+
+def holds_heads_outer(x: Tensor) -> bool:
+    """Whether ``x`` (B, H, N, ...) holds each head's positions together (H's
+    stride spans the positions), as a contiguous (B, H, N, D) tensor does."""
+    return x.shape[1] <= 1 or x.shape[2] <= 1 or x.stride(1) >= x.shape[2] * x.stride(2)
 
 
 def _view(x: Tensor, call: Call) -> Tensor:
@@ -84,26 +100,54 @@ def _view(x: Tensor, call: Call) -> Tensor:
     return x.as_strided(size, (s_b, heads * s_h + s_n, s_h, p.segment * s_n, p.rate * s_n, *rest), start)
 
 
-def _flat(view: Tensor) -> Tensor:
-    """(B, parts, heads, segments, rows, *rest) → (B·parts, heads·segments, rows, *rest):
-    a view where the strides allow it (one batch row or one part, N a multiple
-    of the segment), else a copy."""
-    return view.flatten(2, 3).flatten(0, 1)
+# How a call's (B, parts, heads, segments) become the kernel's two leading dims: heads outer,
+# (B·parts, heads·segments), a view of a (B, H, N, D) tensor; segments outer, (B·segments,
+# parts·heads), a view of the (B, N, H, D) tensor a projection leaves (seen transposed).
+HEADS_OUTER, SEGMENTS_OUTER = (0, 1, 2, 3), (0, 3, 1, 2)
 
 
-def _batched(view: Tensor) -> Tensor:
+def _merges(x: Tensor, outer: int, inner: int) -> bool:
+    return x.shape[outer] == 1 or x.shape[inner] == 1 or x.stride(outer) == x.stride(inner) * x.shape[inner]
+
+
+def _grouping(view: Tensor) -> tuple[int, ...]:
+    """The order of ``view``'s first four dims (B, parts, heads, segments) whose
+    two pairs merge without a copy: heads outer, else segments outer, else
+    heads outer (copied)."""
+    for order in (HEADS_OUTER, SEGMENTS_OUTER):
+        if _merges(view, order[0], order[1]) and _merges(view, order[2], order[3]):
+            return order
+    return HEADS_OUTER
+
+
+def _flat(view: Tensor, order: tuple[int, ...]) -> Tensor:
+    """(B, parts, heads, segments, rows, *rest) → the kernel's 4-D input
+    (X, Y, rows, *rest) grouped by ``order``: a view where the strides
+    allow it, else a copy."""
+    dims = (*order, *range(4, view.dim()))
+    return view.permute(dims).flatten(2, 3).flatten(0, 1)
+
+
+def _unflat(result: Tensor, lead, order: tuple[int, ...]) -> Tensor:
+    """The kernel's (X, Y, rows, *rest) result as (B, parts, heads, segments,
+    rows, *rest), ``lead`` = (B, parts, heads, segments): a view."""
+    back = sorted(range(4), key=order.__getitem__)
+    return result.view(*(lead[d] for d in order), *result.shape[2:]).permute(*back, *range(4, result.dim() + 2))
+
+
+def _batched(view: Tensor, order: tuple[int, ...]) -> Tensor:
     """``_flat``, contiguous on CUDA, whose backward kernels want dense rows."""
-    flat = _flat(view)
+    flat = _flat(view, order)
     return flat if flat.device.type == "cpu" and flat.stride(-1) == 1 else flat.contiguous()
 
 
-def _key_mask(key_padding_mask: Tensor | None, q: Tensor, call: Call) -> Tensor | None:
-    """The kernel's key mask of ``call`` (B·parts, heads·segments, 1, rows),
-    True = keep, from a (B, N) padding mask (True = padding); None if unmasked."""
+def _key_mask(key_padding_mask: Tensor | None, q: Tensor, call: Call, order: tuple[int, ...]) -> Tensor | None:
+    """The kernel's key mask of ``call`` (X, Y, 1, rows), True = keep, from a
+    (B, N) padding mask (True = padding); None if unmasked."""
     if key_padding_mask is None:
         return None
     keep = (~key_padding_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
-    return _batched(_view(keep, call))[:, :, None, :]
+    return _batched(_view(keep, call), order)[:, :, None, :]
 
 
 def dilated_forward(
@@ -119,15 +163,18 @@ def dilated_forward(
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
-    for call in plan_calls(q.shape[2], q.shape[0], parts):
-        call_out, call_lse = attention_forward(*(_batched(_view(t, call)) for t in (q, k, v)), causal, scale,
-                                               _key_mask(key_padding_mask, q, call))
+    for call in _plan(q, parts):
+        qv = _view(q, call)
+        order = _grouping(qv)
+        call_out, call_lse = attention_forward(*(_batched(x, order) for x in (qv, _view(k, call), _view(v, call))),
+                                               causal, scale, _key_mask(key_padding_mask, q, call, order))
         ov, lv = _view(out, call), _view(lse, call)
+        call_out, call_lse = _unflat(call_out, ov.shape[:4], order), _unflat(call_lse, lv.shape[:4], order)
         if call.parts[0].layer:
-            merge_into(ov, lv, call_out.view(ov.shape), call_lse.view(lv.shape))
+            merge_into(ov, lv, call_out, call_lse)
         else:
-            ov.copy_(call_out.view(ov.shape))
-            lv.copy_(call_lse.view(lv.shape))
+            ov.copy_(call_out)
+            lv.copy_(call_lse)
     return out.to(q.dtype), lse
 
 
@@ -139,21 +186,22 @@ def merges_in_one_kernel(q: Tensor) -> bool:
 
 def _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask):
     """``dilated_forward`` on CUDA: each call's attention on strided views of
-    its rows (no gather copy where N is a multiple of the segment), its output
-    kept as the kernel returned it, then one merge over all of them (a piece
-    per part and span)."""
+    its rows (no gather copy where N is a multiple of the segment, in either
+    layout), its output kept as the kernel returned it, then one merge over
+    all of them (a piece per part and span, read through its strides)."""
     from ...kernels.triton_merge import merge_pieces
 
-    batch = q.shape[0]
     pieces = []
-    for call in plan_calls(q.shape[2], batch, parts):
-        out, lse = attention_forward(*(_flat(_view(t, call)) for t in (q, k, v)), causal, scale,
-                                     _key_mask(key_padding_mask, q, call))
-        out = out.contiguous().unflatten(0, (batch, len(call.parts)))  # (B, parts, heads·segments, rows, D)
-        lse = lse.float().contiguous().unflatten(0, (batch, len(call.parts)))
-        for j, part in enumerate(call.parts):  # B = 1 or one part: each slice is contiguous
+    for call in _plan(q, parts):
+        qv = _view(q, call)
+        order = _grouping(qv)
+        out, lse = attention_forward(*(_flat(x, order) for x in (qv, _view(k, call), _view(v, call))), causal,
+                                     scale, _key_mask(key_padding_mask, q, call, order))
+        out = _unflat(out.contiguous(), qv.shape[:4], order)  # (B, parts, heads, segments, rows, D)
+        lse = _unflat(lse.float().contiguous(), qv.shape[:4], order)  # its rows: the same strides ÷ D
+        for j, part in enumerate(call.parts):
             geometry = (part.segment, part.rate, part.offset, call.first, call.segments, call.rows, part.h0,
-                        part.h1 - part.h0)
+                        part.h1 - part.h0, *lse[:, j].stride()[:3])  # (B, heads, segments) strides, in rows
             pieces.append((geometry, out[:, j], lse[:, j]))
     return merge_pieces(pieces, q.shape, q.dtype, q.device)
 
@@ -181,19 +229,20 @@ def dilated_backward(
     tensors = (grad_out, q, k, v, out, lse, *grads)
     if grad_lse is not None:
         tensors += (grad_lse,)
-    for call in plan_calls(q.shape[2], q.shape[0], parts):
+    for call in _plan(q, parts):
         views = [_view(t, call) for t in tensors]
-        do_, q_, k_, v_, o_, l_ = (_batched(t) for t in views[:6])
+        order = _grouping(views[1])  # q's: the grouping that views its rows
+        do_, q_, k_, v_, o_, l_ = (_batched(t, order) for t in views[:6])
         dq_v, dk_v, dv_v = views[6:9]
-        mask = _key_mask(key_padding_mask, q, call)
+        mask = _key_mask(key_padding_mask, q, call, order)
         dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
         if grad_lse is not None:
-            g = _batched(views[9])
+            g = _batched(views[9], order)
             extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale, mask)
             dq, dk = dq.to(acc) + extra_dq, dk.to(acc) + extra_dk
-        dq_v += dq.view(dq_v.shape)
-        dk_v += dk.view(dk_v.shape)
-        dv_v += dv.view(dv_v.shape)
+        dq_v += _unflat(dq, dq_v.shape[:4], order)
+        dk_v += _unflat(dk, dk_v.shape[:4], order)
+        dv_v += _unflat(dv, dv_v.shape[:4], order)
     return tuple(g.to(q.dtype) for g in grads)
 
 
