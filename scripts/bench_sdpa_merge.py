@@ -49,7 +49,8 @@ def _use(path: str, one_merge) -> None:
     impl.merges_in_one_kernel = one_merge if path != PATHS[0] else (lambda q: False)
     kernels._CUDNN_REFUSED.clear()
     if "flash" in path:  # as if cuDNN had refused these shapes
-        kernels._CUDNN_REFUSED.update({(torch.bfloat16, DIM, causal) for causal in (False, True)})
+        kernels._CUDNN_REFUSED.update({(torch.bfloat16, DIM, causal, outer) for causal in (False, True)
+                                       for outer in (False, True)})
 
 
 def main() -> int:

@@ -95,7 +95,8 @@ def attention_forward(
     return out, lse
 
 
-# (dtype, head_dim, causal) that cuDNN refused once: served by flash from then on.
+# (dtype, head_dim, causal, heads outer in memory) that cuDNN refused once: served by flash from then on.
+# The layout is in the key: the dilated path passes both (B, H, L, D) and (B, L, H, D)-ordered views.
 _CUDNN_REFUSED: set[tuple] = set()
 
 
@@ -112,7 +113,7 @@ def _half_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
     Both take rows at any stride (the dilated parts' strided views) and return
     the natural-log lse the flash backward consumes, so either forward pairs
     with that backward."""
-    key = (q.dtype, q.shape[-1], causal)
+    key = (q.dtype, q.shape[-1], causal, q.stride(1) >= q.stride(2))
     if _cudnn_attention_serves(q.device.index) and key not in _CUDNN_REFUSED:
         try:
             res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
