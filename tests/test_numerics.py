@@ -151,7 +151,7 @@ def test_a_key_removed_by_key_mask_reaches_no_row_whatever_it_holds(impl, causal
     took −inf + NaN = NaN and 0 · NaN, and every row of the batch element turned NaN)."""
     n, segments, rates = 256, (64, 128), (1, 2)
     dtype, tol = (torch.float32, 2e-6) if impl == "triton" else (torch.float64, 1e-10)  # triton: half/fp32 only
-    q, k, v = (t.to(_device_for(impl)) for t in random_qkv(2, 4, n, 16, seed=1, dtype=dtype))
+    q, k, v = (t.to(_device_for(impl)) for t in random_qkv(2, 2, n, 16, seed=1, dtype=dtype))
     removed = torch.zeros(2, n, dtype=torch.bool, device=q.device)
     removed[0, [3, 100]], removed[1, [5, 255]] = True, True
     k[0, :, 3], v[0, :, 100], k[1, :, 5], v[1, :, 255] = float("nan"), float("nan"), float("inf"), -float("inf")

@@ -116,12 +116,15 @@ def _modules() -> dict[str, Path]:
 
 
 # One interpreter imports torch (not part of the package, and the slow part); each module is then
-# imported in its own forked child, so every child starts with no dilcompile module loaded.
+# imported in its own forked child, so every child starts with no dilcompile module loaded. Two
+# children run at a time (the oldest is read and reaped first: none waits on another).
 _IMPORT_EACH_ALONE = """
 import importlib, importlib.util, json, os, sys, traceback
 import torch
 failures = {}
-for name in json.loads(sys.argv[1]):
+
+
+def start(name):
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -139,6 +142,10 @@ for name in json.loads(sys.argv[1]):
             status = 1
         os._exit(status)
     os.close(write)
+    return name, pid, read
+
+
+def finish(name, pid, read):
     message = b""
     while chunk := os.read(read, 1 << 16):
         message += chunk
@@ -146,6 +153,15 @@ for name in json.loads(sys.argv[1]):
     _, status = os.waitpid(pid, 0)
     if status:
         failures[name] = message.decode()[-1500:] or f"exit status {status}"
+
+
+running = []
+for name in json.loads(sys.argv[1]):
+    running.append(start(name))
+    if len(running) == 2:
+        finish(*running.pop(0))
+for child in running:
+    finish(*child)
 print(json.dumps(failures))
 """
 
