@@ -79,7 +79,8 @@ try:
                          SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125,
                          CAUSAL=True, PREC=0, FIRST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
             written = {}
-            for flags in (dict(HAS_KEEP=True, VARLEN=True, SPLIT=False), dict(HAS_KEEP=False, VARLEN=False, SPLIT=True)):
+            for flags in (dict(HAS_KEEP=True, VARLEN=True, SPLIT=False, ATOMIC_DQ=False),
+                          dict(HAS_KEEP=False, VARLEN=False, SPLIT=True, ATOMIC_DQ=False)):
                 for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):  # what any flag set writes
                     fn = getattr(kernels, name)
                     result = analyse(fn, {arg: (args | flags)[arg] for arg in fn.arg_names}, {})

@@ -191,3 +191,37 @@ def test_whole_blocks_without_masks_equal_the_masked_walk(seed, monkeypatch):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
     ref, _ = dilated_attention(*(t.detach().double() for t in (q, k, v)), impl="reference", **kw)
     torch.testing.assert_close(unmasked[0].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeypatch):
+    # ATOMIC_DQ: the dk/dv kernel also adds each key tile's dS K into dq and the dq kernel is not
+    # launched (FlashAttention-2's backward) — a tuning candidate, off until timed faster
+    # (work.atomic_dq). The sum order differs from the dq kernel's: equal to fp32 rounding, and to the
+    # float64 reference; dk and dv bitwise.
+    from dilcompile.dilated.impl import triton as launcher
+
+    n, heads, segments, rates, causal, mode, padded, batch, dim = _random_case(200 + seed)
+    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, requires_grad=True, seed=seed)
+    mask = (torch.rand(batch, n, generator=torch.Generator().manual_seed(seed)) < 0.3).to(DEVICE) if padded else None
+    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, key_mask=mask)
+    grad = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    launched = []
+    real = launcher.wrap_triton
+    monkeypatch.setattr(launcher, "wrap_triton", lambda kernel: launched.append(kernel.__name__) or real(kernel))
+
+    def grads(atomic):
+        monkeypatch.setattr(launcher, "atomic_dq", lambda *a: atomic)
+        launched.clear()
+        out = dilated_attention(q, k, v, impl="triton", **kw)
+        return torch.autograd.grad(out, (q, k, v), grad), set(launched)
+
+    (dq, dk, dv), kernels = grads(True)
+    (dq_plain, dk_plain, dv_plain), plain_kernels = grads(False)
+    assert "_dq_kernel" not in kernels and "_dq_kernel" in plain_kernels
+    assert torch.equal(dk, dk_plain) and torch.equal(dv, dv_plain)
+    torch.testing.assert_close(dq, dq_plain, rtol=1e-5, atol=1e-6)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(dilated_attention(q64, k64, v64, impl="reference", **kw), (q64, k64, v64),
+                               grad.double())
+    torch.testing.assert_close(dq.double(), want[0], rtol=1e-4, atol=1e-5)

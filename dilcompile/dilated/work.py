@@ -132,6 +132,17 @@ def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, ker
     return warps, 2
 
 
+# (compute capability, dtype bytes, head-dim lanes) where dk/dv adding dq by atomic adds (the kernels'
+# ATOMIC_DQ: no dq launch, five matmuls a pair instead of seven) was timed faster. A candidate of
+# scripts/tune_triton.py ("/atomic"; at D = 128 on 64-key tiles: 128 spilled 692 B), not yet timed: empty.
+ATOMIC_DQ_FASTER: set[tuple[int, int, int]] = set()
+
+
+def atomic_dq(head_dim: int, dtype_bytes: int, arch: int = 90) -> bool:
+    """Whether the dk/dv kernel also computes dq (by atomic adds): only where timed faster."""
+    return (arch, dtype_bytes, block_d(head_dim)) in ATOMIC_DQ_FASTER
+
+
 def whole_blocks(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> bool:
     """Whether a kernel owning ``tile`` positions walks the blocks every row
     sees whole without building masks (the kernels' SPLIT): only where that

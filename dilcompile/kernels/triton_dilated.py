@@ -19,7 +19,10 @@ belongs to one tile per launch, so the read-modify-write needs no atomics.
 
 Backward is FlashAttention-2's two kernels, per branch: ``_dq_kernel`` mirrors
 the forward over the same query tiles; ``_dkdv_kernel`` owns a tile of
-same-class keys and walks the class's queries. Both use the merged lse, so
+same-class keys and walks the class's queries. With ``ATOMIC_DQ`` (a tuning
+candidate, off until timed faster) ``_dkdv_kernel`` also adds each key
+tile's dS K into dq by atomic adds and the dq kernel is not launched: five
+matmuls a pair instead of seven, for the atomics' traffic. Both use the merged lse, so
 ``P = exp(s − lse)`` is the joint softmax, and both add into fp32 buffers. A
 gradient ``g`` at the returned lse enters as ``dS = P ∘ (dP − Δ + g)`` with
 ``Δ = rowsum(dO ∘ O)`` (the launcher folds ``g`` into Δ).
@@ -300,9 +303,9 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
@@ -350,6 +353,9 @@ def _dkdv_kernel(
             dst = pt * (dpt - delta[None, :])
             dv += _dot(pt.to(do.dtype), do, PREC)
             dk += _dot(dst.to(q.dtype), q, PREC)
+            if ATOMIC_DQ:  # this key tile's share of dq = dS K, added in place (FlashAttention-2's way)
+                dq = _dot(tl.trans(dst).to(k.dtype), k, PREC) * scale
+                tl.atomic_add(DQ + qt, dq, mask=q_mask, sem="relaxed")
         dk = dk * scale
         if not FIRST:  # one buffer at a time: both read tiles held at once would spill
             dk += tl.load(DK + tile, mask=tile_mask, other=0.0)

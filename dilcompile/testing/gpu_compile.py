@@ -44,7 +44,7 @@ class Config:
     has_keep: bool = True
     typing: str = "eager"  # or "inductor": scale fp64, integers i64
     varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
-    split: bool = False  # walk the blocks every row sees whole without masks (SPLIT: forward and dq)
+    split: bool = False  # the candidate: forward and dq walk whole blocks unmasked (SPLIT), dk/dv adds dq (ATOMIC_DQ)
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ def compile_kernel(config: Config):
                       FIRST=False, PREC=launcher._precision(dtype))  # FIRST off: it reads more
     if "SPLIT" in meta:
         constexprs["SPLIT"] = config.split
+    if config.kernel == "_dkdv_kernel":  # its candidate: dq by atomic adds too
+        constexprs["ATOMIC_DQ"] = config.split
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)

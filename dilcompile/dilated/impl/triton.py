@@ -18,7 +18,7 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
-from ..work import block_d, branch_tile, branches, launch_shape, tile_shape, whole_blocks
+from ..work import atomic_dq, block_d, branch_tile, branches, launch_shape, tile_shape, whole_blocks
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -189,25 +189,28 @@ def dilated_backward_triton(
     lse = lse.float().contiguous()
     covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
     keep, has_keep = _keep(key_padding_mask, q)
-    # The first launches write every row, but dk/dv skip the keys a key mask removes (they stay 0).
-    first_dq, first_dkdv = covers, covers and not has_keep
+    arch = _arch(q)
+    atomic = atomic_dq(dim, q.dtype.itemsize, arch)  # dk/dv adds dq: no dq launch
+    # The first launches write every row, but dk/dv skip the keys a key mask removes (they stay 0),
+    # and atomic adds need a zeroed dq.
+    first_dq, first_dkdv = covers and not atomic, covers and not has_keep
     dq = _unset(q.shape, q.device) if first_dq else _zeros(q.shape, q.device)
     dk, dv = (_unset(q.shape, q.device) if first_dkdv else _zeros(q.shape, q.device) for _ in range(2))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     no_table = _no_segment_table(q)
-    arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         common = (keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r, float(scale))
-        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
-        wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, grad_out, lse, delta, dq, *common, **flags, FIRST=first_dq and i == 0,
-            **_launch("dq", tile, dim, q.dtype, arch))
+        if not atomic:
+            tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
+            wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
+                q, k, v, grad_out, lse, delta, dq, *common, **flags, FIRST=first_dq and i == 0,
+                **_launch("dq", tile, dim, q.dtype, arch))
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
         wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, grad_out, lse, delta, dk, dv, *common, **flags, FIRST=first_dkdv and i == 0,
-            **_launch("dkdv", tile, dim, q.dtype, arch))
+            q, k, v, grad_out, lse, delta, dk, dv, dq, *common, **flags, FIRST=first_dkdv and i == 0,
+            ATOMIC_DQ=atomic, **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
