@@ -81,10 +81,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     def meta(w, r):
         if config is None:
             tile = branch_tile(w, r, n, dim, False, q.dtype.itemsize, arch, kernel)
-            meta = launcher._launch(kernel, tile, dim, q.dtype, arch)
-            if kernel == "dkdv":
-                meta["ATOMIC_DQ"] = launcher.atomic_dq(dim, q.dtype.itemsize, arch)
-            return tile, meta
+            return tile, launcher._launch(kernel, tile, dim, q.dtype, arch)
         owned, walk, warps, stages, *whole = config
         blocks = dict(BLOCK_M=walk, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walk)
         flag = bool(whole and whole[0])  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too

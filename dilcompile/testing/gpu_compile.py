@@ -116,10 +116,8 @@ def compile_kernel(config: Config):
     options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
     constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal,
                       FIRST=False, PREC=launcher._precision(dtype))  # FIRST off: it reads more
-    if "SPLIT" in meta:
-        constexprs["SPLIT"] = config.split
-    if config.kernel == "_dkdv_kernel":  # its candidate: dq by atomic adds too
-        constexprs["ATOMIC_DQ"] = config.split
+    for candidate in ("SPLIT", "ATOMIC_DQ") & meta.keys():  # the kernel's tuning candidate, as the config says
+        constexprs[candidate] = config.split
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)

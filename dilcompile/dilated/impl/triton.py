@@ -61,7 +61,9 @@ def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int
         warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch, kernel)
         meta.update(num_warps=warps, num_stages=stages)
     meta["BLOCK_D"] = block_d(head_dim)
-    if kernel != "dkdv":  # dk/dv walk every block masked: unmasked ones spilled 2-4x more (docs/gpu.md)
+    if kernel == "dkdv":  # it walks every block masked (unmasked ones spilled 2-4x more: docs/gpu.md)
+        meta["ATOMIC_DQ"] = atomic_dq(head_dim, dtype.itemsize, arch)
+    else:
         meta["SPLIT"] = whole_blocks(tile, head_dim, dtype.itemsize, arch, kernel)
     return meta
 
@@ -210,7 +212,7 @@ def dilated_backward_triton(
         tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
         wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, grad_out, lse, delta, dk, dv, dq, *common, **flags, FIRST=first_dkdv and i == 0,
-            ATOMIC_DQ=atomic, **_launch("dkdv", tile, dim, q.dtype, arch))
+            **_launch("dkdv", tile, dim, q.dtype, arch))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
