@@ -39,11 +39,11 @@ def _candidates(q: Tensor) -> list[str]:
     return names
 
 
-def _run(name, q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask):
+def _run(name, q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask):
     if name == "triton":
         load_triton_ops()
     op = torch.ops.dilcompile.dilated_fwd if name == "sdpa" else torch.ops.dilcompile.dilated_triton_fwd
-    return op(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+    return op(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask)
 
 
 def _time(fn, device: torch.device, repeats: int = 3) -> float:
@@ -63,12 +63,12 @@ def _time(fn, device: torch.device, repeats: int = 3) -> float:
 @torch.library.custom_op("dilcompile::dilated_fwd_tuned", mutates_args=())
 def dilated_fwd_tuned(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
-    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+    mode: str, causal: bool, scale: float, key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``dilated_fwd`` on whichever implementation measured fastest for this input."""
-    args = (q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+    args = (q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask)
     key = (q.device.type, q.dtype, tuple(q.shape), tuple(segment_lengths), tuple(dilation_rates), mode, causal,
-           key_padding_mask is not None)
+           key_mask is not None)
     if key not in TUNED:
         times = {name: _time(lambda name=name: _run(name, *args), q.device) for name in _candidates(q)}
         TUNED[key] = min(times, key=times.get)
@@ -77,7 +77,7 @@ def dilated_fwd_tuned(
 
 
 @dilated_fwd_tuned.register_fake
-def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
+def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask=None):
     lse_dtype = accumulator_dtype(q.dtype)
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
 

@@ -34,21 +34,21 @@ _op = custom_op if interpreting() else triton_op
 @_op("dilcompile::dilated_triton_fwd", mutates_args=())
 def dilated_triton_fwd(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int],
-    mode: str, causal: bool, scale: float, key_padding_mask: Tensor | None = None,
+    mode: str, causal: bool, scale: float, key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention (before the groups-mode 1/m): out (B, H, N, D), lse (B, H, N) float32."""
-    return dilated_forward_triton(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask)
+    return dilated_forward_triton(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask)
 
 
 @_op("dilcompile::dilated_triton_bwd", mutates_args=())
 def dilated_triton_bwd(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
-    key_padding_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv), each shaped like q, given the merged out and lse of the forward."""
     return dilated_backward_triton(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates,
-                                   mode, causal, scale, key_padding_mask)
+                                   mode, causal, scale, key_mask)
 
 
 @_op("dilcompile::dilated_triton_varlen_fwd", mutates_args=())
@@ -58,7 +58,7 @@ def dilated_triton_varlen_fwd(
 ) -> tuple[Tensor, Tensor]:
     """Packed sequences (q, k, v (1, H, total, D), boundaries ``cu_seqlens`` on the
     device), each alone: out, lse as ``dilated_triton_fwd``, one launch per branch.
-    ``cu_seqlens`` comes last, where the other ops take the padding mask, so the
+    ``cu_seqlens`` comes last, where the other ops take the key mask, so the
     shared autograd rule serves this op too."""
     return dilated_forward_triton(q, k, v, segment_lengths, dilation_rates, mode, causal, scale,
                                   cu_seqlens=cu_seqlens)
@@ -84,12 +84,12 @@ if interpreting():
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     @dilated_triton_fwd.register_fake
-    def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_padding_mask=None):
+    def _(q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask=None):
         return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @dilated_triton_bwd.register_fake
     def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, scale,
-          key_padding_mask=None):
+          key_mask=None):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -121,12 +121,12 @@ _reference_op.register_autograd(_backward, setup_context=_setup)
 
 def dilated_reference(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
-    key_padding_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged (before the groups-mode 1/m) dilated attention; float64 out and lse.
-    ``key_padding_mask`` (B, N), True = padding, removes those keys."""
+    ``key_mask`` (B, N), True = removed: those keys are masked out, positions stay."""
     _, num_heads, n, _ = q.shape
     count = multiplicity(parts, num_heads, n, causal, device=q.device)  # (H, N, N)
-    if key_padding_mask is not None:
-        count = count * (~key_padding_mask)[:, None, None, :]  # (B, H, N, N)
+    if key_mask is not None:
+        count = count * (~key_mask)[:, None, None, :]  # (B, H, N, N)
     return counted_attention_reference(q, k, v, count, scale)

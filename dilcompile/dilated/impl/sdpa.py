@@ -141,24 +141,24 @@ def _batched(view: Tensor, order: tuple[int, ...]) -> Tensor:
     return flat if flat.device.type == "cpu" and flat.stride(-1) == 1 else flat.contiguous()
 
 
-def _key_mask(key_padding_mask: Tensor | None, q: Tensor, call: Call, order: tuple[int, ...]) -> Tensor | None:
+def _key_mask(key_mask: Tensor | None, q: Tensor, call: Call, order: tuple[int, ...]) -> Tensor | None:
     """The kernel's key mask of ``call`` (X, Y, 1, rows), True = keep, from a
-    (B, N) padding mask (True = padding); None if unmasked."""
-    if key_padding_mask is None:
+    (B, N) key mask (True = removed); None if unmasked."""
+    if key_mask is None:
         return None
-    keep = (~key_padding_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
+    keep = (~key_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
     return _batched(_view(keep, call), order)[:, :, None, :]
 
 
 def dilated_forward(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
-    key_padding_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
-    ``key_padding_mask`` (B, N) bool, True = padding, removes those keys.
-    Rows no part covers (or whose keys are all padding) get out 0, lse −inf."""
+    ``key_mask`` (B, N) bool, True = removed: those keys are masked out, positions stay.
+    Rows no part covers (or whose keys are all removed) get out 0, lse −inf."""
     if merges_in_one_kernel(q):
-        return _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask)
+        return _forward_merged_once(q, k, v, parts, causal, scale, key_mask)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
@@ -167,7 +167,7 @@ def dilated_forward(
         qv = _view(q, call)
         order = _grouping(qv)
         call_out, call_lse = attention_forward(*(_batched(x, order) for x in (qv, _view(k, call), _view(v, call))),
-                                               causal, scale, _key_mask(key_padding_mask, q, call, order))
+                                               causal, scale, _key_mask(key_mask, q, call, order))
         ov, lv = _view(out, call), _view(lse, call)
         call_out, call_lse = _unflat(call_out, ov.shape[:4], order), _unflat(call_lse, lv.shape[:4], order)
         if call.parts[0].layer:
@@ -184,7 +184,7 @@ def merges_in_one_kernel(q: Tensor) -> bool:
     return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and HAS_TRITON
 
 
-def _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask):
+def _forward_merged_once(q, k, v, parts, causal, scale, key_mask):
     """``dilated_forward`` on CUDA: each call's attention on strided views of
     its rows (no gather copy where N is a multiple of the segment, in either
     layout), its output kept as the kernel returned it, then one merge over
@@ -196,7 +196,7 @@ def _forward_merged_once(q, k, v, parts, causal, scale, key_padding_mask):
         qv = _view(q, call)
         order = _grouping(qv)
         out, lse = attention_forward(*(_flat(x, order) for x in (qv, _view(k, call), _view(v, call))), causal,
-                                     scale, _key_mask(key_padding_mask, q, call, order))
+                                     scale, _key_mask(key_mask, q, call, order))
         out = _unflat(out.contiguous(), qv.shape[:4], order)  # (B, parts, heads, segments, rows, D)
         lse = _unflat(lse.float().contiguous(), qv.shape[:4], order)  # its rows: the same strides ÷ D
         for j, part in enumerate(call.parts):
@@ -217,7 +217,7 @@ def dilated_backward(
     parts: tuple[Part, ...],
     causal: bool,
     scale: float,
-    key_padding_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``."""
     acc = accumulator_dtype(q.dtype)
@@ -234,7 +234,7 @@ def dilated_backward(
         order = _grouping(views[1])  # q's: the grouping that views its rows
         do_, q_, k_, v_, o_, l_ = (_batched(t, order) for t in views[:6])
         dq_v, dk_v, dv_v = views[6:9]
-        mask = _key_mask(key_padding_mask, q, call, order)
+        mask = _key_mask(key_mask, q, call, order)
         dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
         if grad_lse is not None:
             g = _batched(views[9], order)

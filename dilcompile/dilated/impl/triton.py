@@ -139,16 +139,16 @@ def _offset_table(num_heads, segment_lengths: list[int], dilation_rates: list[in
     return torch.stack(rows).to(torch.int32).contiguous()
 
 
-def _keep(key_padding_mask: Tensor | None, q: Tensor) -> tuple[Tensor, bool]:
+def _keep(key_mask: Tensor | None, q: Tensor) -> tuple[Tensor, bool]:
     """(B, N) int8 keep mask (1 = key kept) and whether there is one."""
-    if key_padding_mask is None:
+    if key_mask is None:
         return q.new_empty(1, dtype=torch.int8), False
-    return (~key_padding_mask).to(torch.int8).contiguous(), True
+    return (~key_mask).to(torch.int8).contiguous(), True
 
 
 def dilated_forward_triton(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
-    causal: bool, scale: float, key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    causal: bool, scale: float, key_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
     One launch per branch, each merging into an fp32 output and the lse. With
@@ -161,7 +161,7 @@ def dilated_forward_triton(
         out, lse = _unset(q.shape, q.device), _unset((batch, heads, n), q.device)
     else:
         out, lse = _zeros(q.shape, q.device), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
-    keep, has_keep = _keep(key_padding_mask, q)
+    keep, has_keep = _keep(key_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
     flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
     no_table = _no_segment_table(q)
@@ -178,7 +178,7 @@ def dilated_forward_triton(
 def dilated_backward_triton(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
-    key_padding_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    key_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse;
     per branch a dq and a dk/dv launch, adding into fp32 buffers."""
@@ -190,7 +190,7 @@ def dilated_backward_triton(
     delta = delta.contiguous()
     lse = lse.float().contiguous()
     covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
-    keep, has_keep = _keep(key_padding_mask, q)
+    keep, has_keep = _keep(key_mask, q)
     arch = _arch(q)
     atomic = atomic_dq(dim, q.dtype.itemsize, arch)  # dk/dv adds dq: no dq launch
     # The first launches write every row, but dk/dv skip the keys a key mask removes (they stay 0),
