@@ -1,0 +1,64 @@
+"""The keys one decode query attends, as an index set (``decode_gather``).
+
+A query at position p (counted from its row's first real token) keeps, in
+the branch (w, r) with head offset o: the keys of its segment
+[p − p mod w, p] that are ≡ o (mod r) inside it — if the query itself is
+(p mod w ≡ o mod r), else nothing. Two ways to list them, both of a size
+fixed by the config and the cache length S (so one compiled graph serves
+every step and every phase of a left-padded row):
+
+- per branch: ⌈min(w, S) / r⌉ slots each, a key reached by two branches
+  listed twice (weight 1 each);
+- one window: the min(max w, S) positions ending at p, each weighted by the
+  number of branches that reach it.
+
+``decode_keys`` takes the shorter (the window when the segments are long
+against the rates — short contexts — the branches otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .geometry import plan_parts
+
+
+def _branches(num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
+              mode: str) -> list[tuple[int, int, list[int]]]:
+    """(w, r, offset per head, −1 where a head takes no part) per branch."""
+    branches: dict[tuple[int, int, int], list[int]] = {}
+    for part in plan_parts(num_heads, segments, rates, mode):
+        offsets = branches.setdefault((part.layer, part.segment, part.rate), [-1] * num_heads)
+        offsets[part.h0 : part.h1] = [part.offset] * (part.h1 - part.h0)
+    return [(w, r, offsets) for (_, w, r), offsets in branches.items()]
+
+
+def decode_keys(position: Tensor, slots: int, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
+                mode: str) -> tuple[Tensor, Tensor]:
+    """position (B,) int64, the query's; ``slots``: S, more than any position
+    → key positions (B, H, K) in [0, S) and their weights (B, H, K) int64
+    (branches reaching the key; 0: the slot holds no key). K depends on the
+    config and S only. Causal and not agree: the query is the last key."""
+    branches = _branches(num_heads, segments, rates, mode)
+    device = position.device
+    p = position[:, None, None]  # (B, 1, 1)
+    per_branch = sum(-(-min(w, slots) // r) for w, r, _ in branches)
+    window = min(max(w for w, _, _ in branches), slots)
+    if window <= per_branch:
+        keys = p - torch.arange(window, device=device)  # (B, 1, K): the window ending at the query
+        weight = torch.zeros(keys.shape[0], num_heads, window, dtype=torch.int64, device=device)
+        for w, r, offsets in branches:
+            o = torch.tensor(offsets, device=device)[None, :, None]  # (1, H, 1)
+            reached = ((p % w) % r == o) & ((keys % w) % r == o) & (keys // w == p // w)  # o = −1: never
+            weight = weight + reached
+        weight = weight * (keys >= 0)
+        return keys.clamp(min=0).expand(-1, num_heads, -1), weight
+    keys, weight = [], []
+    for w, r, offsets in branches:
+        o = torch.tensor(offsets, device=device)[None, :, None]  # (1, H, 1)
+        start = p - p % w  # the query's segment
+        pos = start + o + r * torch.arange(-(-min(w, slots) // r), device=device)  # (B, H, ⌈w / r⌉)
+        keys.append(pos.clamp(0, slots - 1))
+        weight.append((((p - start) % r == o) & (o >= 0) & (pos <= p)).long())
+    return torch.cat(keys, -1), torch.cat(weight, -1)

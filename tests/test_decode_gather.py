@@ -1,0 +1,86 @@
+"""Decode by gathered index sets (``dilcompile.decode_gather``): one query's keys read straight out of a
+cache, one softmax. The index sets against the geometry (every branch's keys, counted with
+multiplicity) and the attention against the float64 reference, on random configurations: segments
+(longer and shorter than the keys), rates, both modes, head counts not a multiple of the rates,
+positions, pads anywhere, causal and not."""
+
+import math
+
+import pytest
+import torch
+
+from dilcompile.decode_gather import attend_gathered, real_slots
+from dilcompile.dilated.decode_gather import decode_keys
+from dilcompile.dilated.geometry import multiplicity, plan_parts
+from dilcompile.dilated.suffix import suffix_reference
+
+
+def _config(g):
+    m = int(torch.randint(1, 4, (), generator=g))
+    segments = tuple(int(x) for x in torch.randint(1, 40, (m,), generator=g))
+    rates = tuple(min(int(x), w) for x, w in zip(torch.randint(1, 5, (m,), generator=g), segments))
+    mode = ("longnet", "groups")[int(torch.randint(2, (), generator=g))]
+    heads = int(torch.randint(max(1, m if mode == "groups" else 1), 7, (), generator=g))
+    return segments, rates, mode, heads
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_index_set_is_every_branch_key_with_multiplicity(seed):
+    g = torch.Generator().manual_seed(seed)
+    segments, rates, mode, heads = _config(g)
+    slots = int(torch.randint(1, 90, (), generator=g))
+    positions = torch.randint(0, slots, (3,), generator=g)
+    keys, weight = decode_keys(positions, slots, heads, segments, rates, mode)
+    assert keys.shape == weight.shape and keys.shape[:2] == (3, heads)
+    assert bool(((keys >= 0) & (keys < slots)).all())
+    parts = plan_parts(heads, segments, rates, mode)
+    for b, p in enumerate(positions.tolist()):
+        want = multiplicity(parts, heads, p + 1, causal=True)[:, p]  # (H, p + 1): the query's row
+        got = torch.zeros(heads, slots, dtype=torch.int64).scatter_add(1, keys[b], weight[b])
+        assert torch.equal(got[:, : p + 1], want) and not got[:, p + 1 :].any(), (b, p)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_gathered_decode_equals_the_float64_reference(seed):
+    """Pads anywhere in the keys (the query's slot real), GQA heads read without a repeated copy."""
+    g = torch.Generator().manual_seed(100 + seed)
+    segments, rates, mode, heads = _config(g)
+    batch, slots, dim = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(2, 80, (), generator=g)), 8
+    divisors = [h for h in range(1, heads + 1) if heads % h == 0]
+    kv_heads = divisors[int(torch.randint(len(divisors), (), generator=g))]
+    causal = bool(seed % 2)
+    q = torch.randn(batch, heads, 1, dim, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, kv_heads, slots, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    pads = torch.rand(batch, slots, generator=g) < 0.3
+    pads[:, -1] = False  # the query's own slot
+    scale = dim**-0.5
+    real = ~pads
+    position = real.sum(1) - 1
+    keys, weight = decode_keys(position, slots, heads, segments, rates, mode)
+    index = real_slots(real).gather(1, keys.flatten(1)).view(keys.shape)
+    out = attend_gathered(q, k, v, index, weight, scale)
+    if mode == "groups":
+        out = out / len(segments)
+    groups = heads // kv_heads
+    kk, vv = (t.repeat_interleave(groups, 1) for t in (k, v))
+    # Padding is absence: each row is its real keys alone, the query the last of them.
+    want = torch.cat([suffix_reference(q[b : b + 1], kk[b : b + 1, :, real[b]], vv[b : b + 1, :, real[b]], segments,
+                                       rates, mode, causal, scale, None)[0] for b in range(batch)])
+    if mode == "groups":
+        want = want / len(segments)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_dense_config_gathers_the_whole_row_once():
+    """One segment covering the cache, rate 1: the window form, every key once — sdpa's attention."""
+    keys, weight = decode_keys(torch.tensor([5, 0]), 8, 2, (16,), (1,), "longnet")
+    assert keys.shape == (2, 2, 8)
+    assert weight[0].sum(-1).tolist() == [6, 6] and weight[1].sum(-1).tolist() == [1, 1]
+
+
+def test_long_segments_against_the_rates_take_the_branch_form():
+    """At a long cache the per-branch lists (Σ ⌈w / r⌉) are shorter than one window of the longest segment."""
+    keys, _ = decode_keys(torch.tensor([5000]), 1 << 14, 4, (1024, 2048, 4096), (1, 2, 4), "longnet")
+    assert keys.shape[-1] == 3 * 1024 < 4096
+    keys, _ = decode_keys(torch.tensor([1000]), 1056, 4, (1024, 2048, 4096), (1, 2, 4), "longnet")
+    assert keys.shape[-1] == 1056 < 1024 + math.ceil(1056 / 2) + math.ceil(1056 / 4)
