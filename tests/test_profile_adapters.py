@@ -39,7 +39,7 @@ class Band:
         return (q_idx - kv_idx).abs() <= self.width
 
 
-def fake_block_sparse(q, k, v, pattern, causal=False):
+def fake_block_sparse(q, k, v, pattern, causal=False, impl="auto"):
     n = q.shape[2]
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     mask = pattern.mask_mod(0, 0, i, j) & ((j <= i) if causal else True)

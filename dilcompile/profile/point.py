@@ -28,6 +28,7 @@ class Point:
     rates: tuple[int, ...] = ()  # dilated variants: dilation rates r_i
     compiled: bool = False  # torch.compile the variant's callable
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", ...
+    impl: str = "auto"  # the variant's implementation: dilated sdpa/triton/..., an SDPA backend, a block-sparse backend
 
     def __post_init__(self):
         if not isinstance(self.variant, str) or not self.variant:
@@ -36,6 +37,8 @@ class Point:
             value = getattr(self, name)
             if not is_int(value) or not 1 <= value <= MAX_SIZE[name]:
                 raise ValueError(f"{name} must be an int in 1..{MAX_SIZE[name]}, got {value!r}")
+        if not isinstance(self.impl, str) or not self.impl:
+            raise ValueError(f"impl must be a name such as 'auto', 'sdpa' or 'triton', got {self.impl!r}")
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {self.device!r}")
         if self.dtype not in DTYPES:

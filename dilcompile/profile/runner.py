@@ -10,32 +10,24 @@ stops it with the finished rows kept.
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 import json
 import math
 import sys
 import time
-import uuid
 from typing import Callable
 
 import torch
 
-from ..store import RunWriter
 from . import env as _env
 from .measure import Timer, dynamo_counters, is_oom, peak_memory, synchronize
 from .point import Point
+from .record import Recorder, point_columns, timing_columns, utc_now
 from .sweep import SweepSpec, order_for_baseline
 from .telemetry import Sampler
 from .variants import Built, build, config_json
 
-
-def utc_now() -> _dt.datetime:
-    """Naive UTC now: the store's TIMESTAMP columns are UTC."""
-    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
-
-
-_now = utc_now
+__all__ = ["Profiler", "SweepInterrupted", "measure_safely", "point_columns", "run_script", "run_sweep", "utc_now"]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -142,24 +134,13 @@ class Profiler:
         if point.compiled:  # recompiles during the timed window (guards that keep failing)
             row["recompiles"] += dynamo_counters()["frames"] - mid["frames"]
 
-        flops = built.useful_flops(point.pass_)
-        median_s = timing.median_ms / 1e3
-        row.update(warmup=self.warmup, repeats=repeats, latency_ms=timing.median_ms, latency_p20_ms=timing.p20_ms,
-                   latency_p80_ms=timing.p80_ms, latency_min_ms=timing.min_ms, tokens_per_s=point.tokens / median_s,
-                   useful_flops=flops, useful_tflops=flops / median_s / 1e12)
+        row.update(warmup=self.warmup, **timing_columns(timing, point.tokens, built.useful_flops(point.pass_)))
         row.update(tel.summary(calls=repeats, tokens_per_call=point.tokens))
         return row, tel.samples
 
     def close(self) -> None:
         for s in self._samplers.values():
             s.close()
-
-
-def point_columns(point: Point, device_name: str) -> dict:
-    dev = torch.device(point.device)
-    return {"variant": point.variant, "compiled": point.compiled, "pass": point.pass_, "device": device_name,
-            "device_kind": dev.type, "dtype": point.dtype, "batch": point.batch, "seq_len": point.seq_len,
-            "heads": point.heads, "head_dim": point.head_dim, "causal": point.causal}
 
 
 def measure_safely(profiler: Profiler, point: Point) -> tuple[dict, list[dict]]:
@@ -232,22 +213,17 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
     """Measure every point of ``spec`` into the store at ``db``; returns the rows
     written. Ctrl-C raises ``SweepInterrupted`` once the finished rows are stored."""
     points = order_for_baseline(spec.points)
-    names = {d: _env.device_name(torch.device(d)) for d in {p.device for p in points}}
-    sweep_id = uuid.uuid4().hex
-    env = _env.capture(torch.device(points[0].device))  # a sweep runs on one device (the CLI's --device)
-    writer = RunWriter(db, {"sweep_id": sweep_id, "sweep_started_at": _now(), "sweep_kind": kind,
-                            "sweep_name": spec.name, "tag": spec.tag,
-                            "spec": json.dumps(spec.source, default=str), **env})
+    # a sweep runs on one device (the CLI's --device)
+    recorder = Recorder(db, spec.name, spec.source, points[0].device, kind=kind, tag=spec.tag)
     profiler = profiler or Profiler(spec.warmup, spec.repeats, spec.max_time_s)
     baselines: dict[tuple, tuple[bool, float]] = {}  # shape -> (compiled, dense FLOP/s)
     rows: list[dict] = []
     bar = _Progress(len(points), progress)
     try:
         for point in points:
-            started = _now()
+            started = utc_now()
             row, samples = measure_safely(profiler, point)
-            row.update(point_columns(point, names[point.device]), run_id=uuid.uuid4().hex, sweep_id=sweep_id,
-                       started_at=started, tag=spec.tag)
+            row["started_at"] = started
             if row["status"] == "ok":
                 rate = row["useful_flops"] / (row["latency_ms"] / 1e3)
                 key = point.shape_key()
@@ -256,9 +232,7 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
                     baselines[key] = (point.compiled, rate)  # prefer the eager dense kernel as the yardstick
                 if key in baselines:
                     row["efficiency"] = rate / baselines[key][1]
-            if not writer.write(row, samples):
-                print(f"warning: {db} is locked by a reader; {len(writer.pending)} row(s) kept in memory, "
-                      "retrying after the next point", file=sys.stderr)
+            row = recorder.write(row, samples, point)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -269,5 +243,5 @@ def run_sweep(spec: SweepSpec, db: str, *, kind: str = "profile", progress: bool
     finally:
         bar.close()
         profiler.close()
-        writer.close()
+        recorder.close()
     return rows

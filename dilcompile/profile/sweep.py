@@ -21,6 +21,8 @@ A sweep file::
     pass = "fwd"
     compile = false
     device = "auto"
+    impl = "auto"       # the variant's implementation (dilated: sdpa, triton, ...; sdpa: flash, cudnn, ...)
+    layout = ""         # "": B rows of N; packed | docs | padded | padded-dense: documents filling N
     segments = [512, 1024]
     rates = [1, 2]
 
@@ -44,14 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checks import check_int
+from .documents import LAYOUTS
 from .env import resolve_device
 from .point import Point
 from .variants import check_point, resolve
 
 KEYS = ("variant", "seq_len", "batch", "heads", "head_dim", "dtype", "causal", "pass", "compile", "device",
-        "segments", "rates")
+        "impl", "layout", "segments", "rates")
 DEFAULTS = {"batch": 1, "heads": 8, "head_dim": 64, "dtype": "float32", "causal": False, "pass": "fwd",
-            "compile": False, "device": "auto", "segments": [], "rates": []}
+            "compile": False, "device": "auto", "impl": "auto", "layout": "", "segments": [], "rates": []}
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,17 @@ def _seconds(key: str, value) -> float:
     return float(value)
 
 
+def with_layout(variant: str, layout) -> str:
+    """The registry's name for ``variant`` on a batch ``layout`` (profile/documents.py):
+    ``("block-sparse:local_window(64)", "packed")`` -> ``"block-sparse-packed:local_window(64)"``."""
+    if layout == "":
+        return variant
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (or \"\" for B rows of N), got {layout!r}")
+    base, colon, spec = variant.partition(":")
+    return f"{base}-{layout}{colon}{spec}"
+
+
 def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
     """All points of one grid entry (defaults filled in), validated."""
     for name, table in (("[[grid]] entry", entry), ("[defaults]", defaults)):
@@ -119,12 +133,13 @@ def expand(entry: dict, defaults: dict, device: str) -> list[Point]:
         if not isinstance(d["variant"], str):
             raise ValueError(f"variant must be a name such as 'sdpa' or 'block-sparse:local_window(256)', "
                              f"got {d['variant']!r}")
+        d["variant"] = with_layout(d["variant"], d["layout"])
         variant, _ = resolve(d["variant"])
         segments, rate_list = d["branches"] if variant.needs_branches else ((), ())
         dev = device if d["device"] == "auto" else str(resolve_device(str(d["device"])))
         point = Point(variant=d["variant"], seq_len=d["seq_len"], batch=d["batch"], heads=d["heads"],
                       head_dim=d["head_dim"], dtype=d["dtype"], causal=d["causal"], pass_=d["pass"],
-                      segments=segments, rates=rate_list, compiled=d["compile"], device=dev)
+                      segments=segments, rates=rate_list, compiled=d["compile"], device=dev, impl=d["impl"])
         check_point(point)
         if point not in points:
             points.append(point)

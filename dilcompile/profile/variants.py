@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..block_sparse.config import IMPLS as BLOCK_SPARSE_IMPLS
+from ..dilated.config import IMPLS as DILATED_IMPLS
 from ..variant_names import BLOCK_SPARSE, DILATED, DILATED_GROUPS
 from .point import Point
 
@@ -53,15 +55,16 @@ class Variant:
     help: str
     requires: Callable[[], None] | None = None  # raises VariantUnavailable if a dependency is missing
     takes_pattern: bool = False  # named "<name>:<pattern spec>"
+    impls: tuple[str, ...] = ("auto",)  # what a point's impl may name; "auto": the variant's own choice
 
 
 REGISTRY: dict[str, Variant] = {}
 
 
 def register(name: str, help: str, needs_branches: bool = False, requires: Callable[[], None] | None = None,
-             takes_pattern: bool = False):
+             takes_pattern: bool = False, impls: tuple[str, ...] = ("auto",)):
     def deco(build):
-        REGISTRY[name] = Variant(name, build, needs_branches, help, requires, takes_pattern)
+        REGISTRY[name] = Variant(name, build, needs_branches, help, requires, takes_pattern, impls)
         return build
     return deco
 
@@ -85,6 +88,8 @@ def check_point(point: Point) -> None:
     variant, _ = resolve(point.variant)
     if variant.needs_branches and not point.segments:
         raise ValueError(f"variant {point.variant!r} needs --segments and --rates (e.g. --segments 2048 4096 --rates 1 2)")
+    if point.impl not in variant.impls:
+        raise ValueError(f"variant {point.variant!r} takes impl {' | '.join(variant.impls)}, got {point.impl!r}")
     if variant.requires is not None:
         variant.requires()
     if variant.takes_pattern:  # a bad pattern spec is a usage error, not a failed row
@@ -115,23 +120,35 @@ def _flops(point: Point, nnz: int) -> float:
     return 4.0 * point.batch * point.head_dim * nnz
 
 
-@register("sdpa", "dense F.scaled_dot_product_attention (the η baseline)")
+SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
+
+
+@register("sdpa", "dense F.scaled_dot_product_attention (the η baseline); impl: torch's choice or one backend",
+          impls=("auto", *SDPA_BACKENDS))
 def _sdpa(point: Point, arg: str) -> Built:
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     causal = point.causal
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}.get(point.impl)
 
     def fn(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"), _flops(point, dense_nnz(point.heads, point.seq_len, causal)),
-                 impl="sdpa", mode=None, config={}, key=("sdpa", causal))
+                 impl="sdpa" if backend is None else point.impl, mode=None, config={}, key=("sdpa", causal, point.impl))
 
 
 def _dilated_impl(point: Point) -> str:
-    """What dilated ``impl="auto"`` runs at this point (device, dtype, head dim, pass): run and recorded as such."""
+    """What the point's dilated impl ("auto": the package's choice at this device, dtype, head dim and pass)
+    runs: run and recorded as such; one that cannot serve the point raises here."""
     from ..dilated import choose_impl
 
     probe = torch.empty(1, 1, 1, point.head_dim, dtype=getattr(torch, point.dtype), device=point.device)
-    return choose_impl(probe, "auto", point.pass_ == "fwd_bwd")
+    return choose_impl(probe, point.impl, point.pass_ == "fwd_bwd")
 
 
 def _dilated(point: Point, mode: str) -> Built:
@@ -148,15 +165,17 @@ def _dilated(point: Point, mode: str) -> Built:
     parts = plan_parts(point.heads, point.segments, point.rates, mode)
     config = {"segments": list(point.segments), "rates": list(point.rates)}
     return Built(fn, inputs, _flops(point, nnz(parts, point.heads, point.seq_len, point.causal)),
-                 impl=impl, mode=mode, config=config, key=("dilated", mode, point.segments, point.rates, point.causal))
+                 impl=impl, mode=mode, config=config,
+                 key=("dilated", mode, point.segments, point.rates, point.causal, impl))
 
 
-@register(DILATED, "LongNet dilated attention (mode='longnet')", needs_branches=True)
+@register(DILATED, "LongNet dilated attention (mode='longnet')", needs_branches=True, impls=DILATED_IMPLS)
 def _dilated_longnet(point: Point, arg: str) -> Built:
     return _dilated(point, "longnet")
 
 
-@register(DILATED_GROUPS, "dilated attention with the seed system's head groups (mode='groups')", needs_branches=True)
+@register(DILATED_GROUPS, "dilated attention with the seed system's head groups (mode='groups')", needs_branches=True,
+          impls=DILATED_IMPLS)
 def _dilated_groups(point: Point, arg: str) -> Built:
     return _dilated(point, "groups")
 
@@ -245,7 +264,7 @@ def pattern_nnz(pattern, heads: int, n: int, causal: bool) -> int:
 
 
 @register(BLOCK_SPARSE, "block_sparse_attention with a pattern spec: block-sparse:<spec>",
-          requires=_requires_block_sparse, takes_pattern=True)
+          requires=_requires_block_sparse, takes_pattern=True, impls=BLOCK_SPARSE_IMPLS)
 def _block_sparse(point: Point, spec: str) -> Built:
     try:
         from dilcompile.block_sparse import block_sparse_attention
@@ -260,9 +279,10 @@ def _block_sparse(point: Point, spec: str) -> Built:
     impl = _block_sparse_impl(pattern, inputs[0], point)
 
     def fn(q, k, v):
-        return block_sparse_attention(q, k, v, pattern, causal=causal)
+        return block_sparse_attention(q, k, v, pattern, causal=causal, impl=point.impl)
 
-    return Built(fn, inputs, flops, impl=impl, mode=None, config={"pattern": spec}, key=("block-sparse", spec, causal))
+    return Built(fn, inputs, flops, impl=impl, mode=None, config={"pattern": spec},
+                 key=("block-sparse", spec, causal, point.impl))
 
 
 def _block_sparse_impl(pattern, q, point: Point) -> str:
@@ -273,7 +293,7 @@ def _block_sparse_impl(pattern, q, point: Point) -> str:
         return "auto"
     from dilcompile.block_sparse import cache, choose_impl
 
-    impl = choose_impl(q, pattern, "auto", point.pass_ == "fwd_bwd")
+    impl = choose_impl(q, pattern, point.impl, point.pass_ == "fwd_bwd")
     if impl == "flex":
         cache.block_mask(pattern, point.causal, point.batch, point.heads, point.seq_len, 128, q.device)
     return impl
@@ -319,7 +339,7 @@ def _register_layouts() -> None:
             return _layout_built(point, layout, lambda q, k, v, **varlen: dilated_attention(q, k, v, **kw, **varlen),
                                  lambda n: nnz(parts, point.heads, n, point.causal), impl, "longnet",
                                  {"segments": list(point.segments), "rates": list(point.rates)},
-                                 ("dilated", point.segments, point.rates, point.causal))
+                                 ("dilated", point.segments, point.rates, point.causal, impl))
 
         def block_sparse(point: Point, spec: str, layout=layout) -> Built:
             from dilcompile.block_sparse import block_sparse_attention
@@ -328,14 +348,16 @@ def _register_layouts() -> None:
             pattern = from_spec(spec)
             return _layout_built(
                 point, layout,
-                lambda q, k, v, **varlen: block_sparse_attention(q, k, v, pattern, causal=point.causal, **varlen),
-                lambda n: pattern_nnz(pattern, point.heads, n, point.causal), "auto", None, {"pattern": spec},
-                ("block-sparse", spec, point.causal))
+                lambda q, k, v, **varlen: block_sparse_attention(q, k, v, pattern, causal=point.causal,
+                                                                 impl=point.impl, **varlen),
+                lambda n: pattern_nnz(pattern, point.heads, n, point.causal), point.impl, None, {"pattern": spec},
+                ("block-sparse", spec, point.causal, point.impl))
 
         what = f"documents of long-tailed lengths filling seq_len, layout {layout!r} (profile/documents.py)"
-        register(f"{DILATED}-{layout}", f"dilated attention on {what}", needs_branches=True)(dilated)
+        register(f"{DILATED}-{layout}", f"dilated attention on {what}", needs_branches=True,
+                 impls=DILATED_IMPLS)(dilated)
         register(f"{BLOCK_SPARSE}-{layout}", f"block-sparse attention on {what}: {BLOCK_SPARSE}-{layout}:<spec>",
-                 requires=_requires_block_sparse, takes_pattern=True)(block_sparse)
+                 requires=_requires_block_sparse, takes_pattern=True, impls=BLOCK_SPARSE_IMPLS)(block_sparse)
 
 
 _register_layouts()
