@@ -44,12 +44,10 @@ B=1, H=16, D=128, segments (2048 … 32768), rates (1 … 16), N 16K … 1M, bf1
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -60,14 +58,15 @@ import torch  # noqa: E402
 
 import baselines_shims as shims  # noqa: E402  (scripts/, beside this file)
 from dilcompile import dilated_attention  # noqa: E402
-from dilcompile.cli._util import render, store_path  # noqa: E402
+from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
 from dilcompile.dilated.api import choose_impl  # noqa: E402
 from dilcompile.dilated.geometry import nnz, plan_parts  # noqa: E402
-from dilcompile.profile import env as _env  # noqa: E402
-from dilcompile.profile.measure import Timer, percentile  # noqa: E402
-from dilcompile.profile.runner import run_script, utc_now  # noqa: E402
+from dilcompile.profile.measure import Timer, peak_memory  # noqa: E402
+from dilcompile.profile.record import timing_columns, utc_now  # noqa: E402
+from dilcompile.profile.runner import run_script  # noqa: E402
 from dilcompile.profile.variants import BWD_FACTOR  # noqa: E402
-from dilcompile.store import DEFAULT_DB, RunWriter, StoreError  # noqa: E402
+from dilcompile.store import DEFAULT_DB  # noqa: E402
 from dilcompile.variant_names import DILATED, DILATED_GROUPS  # noqa: E402
 
 PROG = "bench_baselines"
@@ -214,13 +213,7 @@ def time_point(impls: list[Impl], cfg: dict, n: int, pass_: str, device, dtype, 
         try:
             for _ in range(warmup):
                 step(impl)()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-                step(impl)()
-                torch.cuda.synchronize(device)
-                res[key]["peak"] = torch.cuda.max_memory_allocated(device) - before
+            res[key]["peak"] = peak_memory(step(impl), device)
         except (RuntimeError, ValueError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             res[key].update(status=_status(exc), error=str(exc).splitlines()[0][:500])
         if res[key]["status"] != "ok":
@@ -255,23 +248,13 @@ def _release(device) -> None:
         torch.cuda.empty_cache()
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _parser():
+    # defaults: the preset's N and rounds; ours sdpa + triton and bfloat16 on CUDA, sdpa and float32 on CPU
+    ap = parser(PROG, __doc__, quick=False, seq_lens=None, passes=["fwd", "fwd_bwd"], impls=None, dtype=None,
+                causal=True, rounds=None, warmup=1, device="auto", tag=None, db=DEFAULT_DB)
     ap.add_argument("--torchscale", metavar="PATH", help="a torchscale checkout (holds torchscale/component/)")
     ap.add_argument("--seed", metavar="PATH", help="a dilated-attention-pytorch checkout")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (a smoke run)")
     ap.add_argument("--preset", choices=["cpu", "longnet"], help="sizes (default: longnet on CUDA, cpu on CPU)")
-    ap.add_argument("--seq-lens", type=int, nargs="+", help="N values instead of the preset's")
-    ap.add_argument("--impls", nargs="+", choices=["sdpa", "triton", "auto"],
-                    help="ours (default: sdpa triton on CUDA, sdpa on CPU)")
-    ap.add_argument("--passes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
-    ap.add_argument("--dtype", choices=sorted(TOLERANCE), help="default: bfloat16 on CUDA, float32 on CPU")
-    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--rounds", type=int, help="timed rounds (default: the preset's)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--tag")
-    ap.add_argument("--db", default=DEFAULT_DB, type=store_path)
     return ap
 
 
@@ -312,12 +295,7 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
 
-    if args.rounds is not None and args.rounds < 1 or args.warmup < 0:
-        return fail(f"--rounds must be ≥ 1 and --warmup ≥ 0, got {args.rounds} and {args.warmup}")
-    try:
-        device = _env.resolve_device(args.device)
-    except ValueError as exc:
-        return fail(f"--device: {exc}")
+    device = torch.device(args.device)
     causal = args.causal
     makers = _baselines(args, causal)
     if isinstance(makers, str):
@@ -328,15 +306,10 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     impl_names = args.impls or (["sdpa", "triton"] if device.type == "cuda" else ["sdpa"])
 
-    sweep_id, now = uuid.uuid4().hex, utc_now()
     spec = dict(cfg, rounds=rounds, warmup=args.warmup, dtype=str(dtype).removeprefix("torch."), causal=causal,
                 impls=impl_names, passes=args.passes, torchscale=args.torchscale, seed=args.seed)
-    try:  # the store is checked (and a bad one refused) before anything is measured
-        writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
-                                     "sweep_name": PROG, "tag": args.tag, "spec": json.dumps(spec),
-                                     **_env.capture(device)})
-    except StoreError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    recorder = open_store(PROG, args.db, spec, device, tag=args.tag)  # checked before anything is measured
+    if recorder is None:
         return 1
 
     modes = {mode: [ours(i, mode, cfg, causal) for i in impl_names] for mode in ("longnet", "groups")
@@ -348,9 +321,8 @@ def main(argv=None) -> int:
         print(_agreement_line(base.name, mode, agree[base.name], impl_names), file=sys.stderr)
 
     table = []
-    base_row = {"sweep_id": sweep_id, "device": _env.device_name(device), "device_kind": device.type,
-                "dtype": spec["dtype"], "batch": cfg["batch"], "heads": cfg["heads"], "head_dim": cfg["head_dim"],
-                "causal": causal, "compiled": False, "warmup": args.warmup, "tag": args.tag}
+    base_row = {"dtype": spec["dtype"], "batch": cfg["batch"], "heads": cfg["heads"], "head_dim": cfg["head_dim"],
+                "causal": causal, "compiled": False, "warmup": args.warmup}
     for mode, mine in modes.items():
         impls = ([baselines[mode]] if mode in baselines else []) + mine
         parts = plan_parts(cfg["heads"], tuple(cfg["segments"]), tuple(cfg["rates"]), mode)
@@ -375,17 +347,11 @@ def main(argv=None) -> int:
                     if impl.name == "auto":  # what auto ran here (device, dtype, head dim, pass)
                         probe = torch.empty(1, cfg["heads"], 1, cfg["head_dim"], device=device, dtype=dtype)
                         config["auto_runs"] = choose_impl(probe, "auto", needs_grad=pass_ == "fwd_bwd")
-                    row = base_row | {"run_id": uuid.uuid4().hex, "started_at": started, "variant":
-                                      DILATED if mode == "longnet" else DILATED_GROUPS, "impl": impl.name,
-                                      "mode": mode, "pass": pass_, "seq_len": n, "config": json.dumps(config),
-                                      "repeats": len(t), "status": r["status"], "error": r["error"],
-                                      "peak_mem_bytes": r["peak"], "useful_flops": useful}
-                    if med is not None:
-                        row |= {"latency_ms": med, "latency_p20_ms": percentile(t, 20),
-                                "latency_p80_ms": percentile(t, 80), "latency_min_ms": min(t),
-                                "tokens_per_s": cfg["batch"] * n / med * 1e3,
-                                "useful_tflops": useful / (med / 1e3) / 1e12}
-                    writer.write(row)
+                    row = recorder.write(base_row | {
+                        "started_at": started, "variant": DILATED if mode == "longnet" else DILATED_GROUPS,
+                        "impl": impl.name, "mode": mode, "pass": pass_, "seq_len": n, "config": json.dumps(config),
+                        "status": r["status"], "error": r["error"], "peak_mem_bytes": r["peak"],
+                        "useful_flops": useful, **timing_columns(t, cfg["batch"] * n, useful)})
                     table.append([mode, pass_, n, impl.name, med, row.get("latency_min_ms"),
                                   row.get("latency_p20_ms"), row.get("latency_p80_ms"), row.get("tokens_per_s"),
                                   r["peak"] and r["peak"] / 2**30, speedup, r["status"]])
@@ -393,18 +359,15 @@ def main(argv=None) -> int:
                     f"{i.name} {statistics.median(res[(mode, i.name)]['times']):.1f} ms"
                     if res[(mode, i.name)]["times"] else f"{i.name} {res[(mode, i.name)]['status']}"
                     for i in impls), file=sys.stderr)
-    try:
-        writer.close()
-    except StoreError as exc:  # the writer saved the rows the store refused; the error says where
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    if close_store(PROG, recorder):
         return 1
     names = ["mode", "pass", "N", "impl", "ms", "min", "p20", "p80", "tokens/s", "peak GiB", "× baseline", "status"]
     print(render(names, table))
-    print(f"medians of {rounds} interleaved rounds on {base_row['device']}, {spec['dtype']}, "
+    print(f"medians of {rounds} interleaved rounds on {recorder.device_name}, {spec['dtype']}, "
           f"{'causal' if causal else 'not causal'}; × baseline = the median over rounds of the baseline's ms ÷ ours "
           "in the same round")
     print(json.dumps({"bench": "baselines", "agreement": agree, "rows": [dict(zip(names, t)) for t in table],
-                      "sweep_id": sweep_id}, default=str))
+                      "sweep_id": recorder.sweep_id}, default=str))
     return 0 if all(a["agrees"] for a in agree.values()) else 1
 
 

@@ -242,3 +242,14 @@ def test_seed_equals_ours_groups_mode_in_float64(heads, segments, rates, causal)
     go = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     for g, r in zip(torch.autograd.grad(out, x, go), torch.autograd.grad(ref, x, go)):
         assert (g - r).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("flag, value", [("--seq-lens", "-5"), ("--seq-lens", "0"), ("--rounds", "0"),
+                                         ("--warmup", "-1"), ("--seq-lens", "1e3")])
+def test_a_bad_shared_flag_is_one_line_before_the_store_opens(tmp_path, flag, value):
+    db = tmp_path / "runs.duckdb"
+    proc = _run(flag, value, "--device", "cpu", "--db", str(db), timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"bench_baselines: error: argument {flag}: '{value}' is not a whole number")
+    assert not db.exists()  # nothing opened, nothing stored
