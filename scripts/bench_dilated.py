@@ -22,18 +22,19 @@ memory-efficient, math), then takes η against the fastest and names it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile.cli._util import render, store_path  # noqa: E402
-from dilcompile.profile import from_dict, run_script, run_sweep  # noqa: E402
-from dilcompile.profile.env import resolve_device  # noqa: E402
+from dilcompile.cli._bench import parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.profile import Point, from_dict, run_script, run_sweep  # noqa: E402
+from dilcompile.profile.variants import SDPA_BACKENDS as DENSE_BACKENDS  # noqa: E402
 from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
 
+PROG = "bench_dilated"
 FULL = dict(heads=8, head_dim=64, segments=[2048, 4096, 8192, 16384], rates=[1, 2, 4, 8], eta_n=16384,
             sweep=[8192, 16384, 32768, 65536])
 QUICK = dict(heads=8, head_dim=64, segments=[64, 128, 256, 512], rates=[1, 2, 4, 8], eta_n=512,
@@ -41,50 +42,19 @@ QUICK = dict(heads=8, head_dim=64, segments=[64, 128, 256, 512], rates=[1, 2, 4,
 LONGNET = dict(heads=16, head_dim=128, segments=[2048, 4096, 8192, 16384, 32768], rates=[1, 2, 4, 8, 16],
                eta_n=16384, dense=[16384, 32768, 65536, 131072], sweep=[1 << k for k in range(14, 21)])
 PRESETS = {"full": FULL, "quick": QUICK, "longnet": LONGNET}
-IMPL_VARIANTS = {"sdpa": "dilated", "triton": "dilated-triton"}
-DENSE_BACKENDS = ("flash", "cudnn", "efficient", "math")
-
-
-def register_triton_variant() -> None:
-    """The profiler's "dilated" variant with impl="triton" (variant name dilated-triton)."""
-    import dataclasses
-
-    from dilcompile import dilated_attention
-    from dilcompile.profile import variants
-
-    if "dilated-triton" in variants.REGISTRY:
-        return
-
-    @variants.register("dilated-triton", "dilated attention with impl='triton'", needs_branches=True)
-    def _build(point, arg):
-        built = variants.REGISTRY["dilated"].build(point, arg)
-        kw = dict(segment_lengths=point.segments, dilation_rates=point.rates, causal=point.causal)
-
-        def fn(q, k, v):
-            return dilated_attention(q, k, v, impl="triton", **kw)
-
-        return dataclasses.replace(built, fn=fn, impl="triton", key=("dilated-triton", *built.key[1:]))
-
-
-def sdpa_backend(name: str):
-    from torch.nn.attention import SDPBackend
-
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
 
 
 def available_dense_backends(device: str, dtype: str, head_dim: int) -> list[str]:
     """The SDPA backends that run forward and backward for this device, dtype and head dim (a tiny probe)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
+    from dilcompile.profile.runner import make_step
+    from dilcompile.profile.variants import build
 
     names = []
     for name in DENSE_BACKENDS:
-        q = torch.randn(1, 2, 256, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+        built = build(Point("sdpa", 256, heads=2, head_dim=head_dim, dtype=dtype, pass_="fwd_bwd", device=device,
+                            impl=name))
         try:
-            with sdpa_kernel(sdpa_backend(name)):
-                F.scaled_dot_product_attention(q, q, q).sum().backward()
+            make_step(built, built.fn, "fwd_bwd")()
         except RuntimeError:  # "No available kernel": this backend does not serve the input
             continue
         names.append(name)
@@ -97,20 +67,23 @@ def fastest_backend(timings: dict[str, float]) -> str:
 
 
 def sweep_doc(sizes: dict, compile_: bool, repeats: int, max_time_s: float, dtype: str,
-              passes=("fwd",), impls=("sdpa",), dense_only: bool = False) -> dict:
-    compiled = [False, True] if compile_ else [False]
+              passes=("fwd",), impls=("sdpa",), dense: tuple[str, ...] = ("auto",), dense_only: bool = False) -> dict:
+    """Dense SDPA (each backend of ``dense``) at the dense lengths; dilated (each impl) over the N sweep."""
     defaults = {"batch": 1, "heads": sizes["heads"], "head_dim": sizes["head_dim"], "dtype": dtype,
                 "pass": list(passes), "segments": sizes["segments"], "rates": sizes["rates"]}
-    grid = [{"variant": "sdpa", "seq_len": sizes.get("dense", sizes["eta_n"])}]
+    grid = [{"variant": "sdpa", "impl": list(dense), "seq_len": sizes.get("dense", sizes["eta_n"])}]
     if not dense_only:
-        grid.append({"variant": [IMPL_VARIANTS[i] for i in impls],
-                     "seq_len": sorted({sizes["eta_n"], *sizes["sweep"]}), "compile": compiled})
-    return {"name": "bench_dilated", "warmup": 2, "repeats": repeats, "max_time_s": max_time_s, "defaults": defaults,
+        grid.append({"variant": "dilated", "impl": list(impls), "seq_len": sorted({sizes["eta_n"], *sizes["sweep"]}),
+                     "compile": [False, True] if compile_ else [False]})
+    return {"name": PROG, "warmup": 2, "repeats": repeats, "max_time_s": max_time_s, "defaults": defaults,
             "grid": grid}
 
 
 def summarise(rows: list[dict], eta_n: int) -> tuple[list[str], list[list], dict]:
-    by = {(r["variant"], r["compiled"], r["seq_len"]): r for r in rows}
+    """The first implementation's dilated rows against the dense one (every row is in the second table)."""
+    first = next((r["impl"] for r in rows if r["variant"] == "dilated" and r.get("impl")), None)
+    by = {(r["variant"], r["compiled"], r["seq_len"]): r for r in reversed(rows)
+          if r["variant"] == "sdpa" or r.get("impl") == first}
     dense = by.get(("sdpa", False, eta_n), {})
     table, lengths = [], sorted({r["seq_len"] for r in rows if r["variant"] == "dilated"})
     for n in lengths:
@@ -126,66 +99,52 @@ def summarise(rows: list[dict], eta_n: int) -> tuple[list[str], list[list], dict
     return names, table, summary
 
 
-def dense_context(name: str | None):
-    import contextlib
-
-    from torch.nn.attention import sdpa_kernel
-
-    return sdpa_kernel(sdpa_backend(name)) if name else contextlib.nullcontext()
-
-
-def pick_dense_backend(sizes: dict, args, device: str) -> str:
-    """Time dense SDPA on each backend the device serves (each a sweep of the
-    store, tagged dense-<backend>); the fastest over all dense points wins."""
-    names = available_dense_backends(device, args.dtype, sizes["head_dim"])
+def pick_dense_backend(sizes: dict, args) -> str | None:
+    """Time dense SDPA on each backend the device serves (one sweep of the store,
+    tagged dense-backends); the fastest over all dense points wins."""
+    names = available_dense_backends(args.device, args.dtype, sizes["head_dim"])
     if not names:
-        raise SystemExit(f"bench_dilated: no SDPA backend serves {args.dtype} head_dim={sizes['head_dim']} on {device}")
-    doc = sweep_doc(sizes, False, args.repeats, args.max_time, args.dtype, args.passes, args.impls, dense_only=True)
-    totals = {}
-    for name in names:
-        with dense_context(name):
-            rows = run_sweep(from_dict(doc, device, tag=f"dense-{name}"), args.db, kind="bench", progress=False)
-        ok = [r["latency_ms"] for r in rows if r["status"] == "ok"]
-        totals[name] = sum(ok) if len(ok) == len(rows) else float("inf")
-        print(f"dense {name}: {totals[name]:.3f} ms over {len(rows)} points", file=sys.stderr)
+        print(f"{PROG}: error: no SDPA backend serves {args.dtype} head_dim={sizes['head_dim']} on {args.device}",
+              file=sys.stderr)
+        return None
+    doc = sweep_doc(sizes, False, args.repeats, args.max_time, args.dtype, args.passes, dense=names, dense_only=True)
+    rows = run_sweep(from_dict(doc, args.device, tag="dense-backends"), args.db, kind="bench", progress=False)
+    totals = {name: sum(r["latency_ms"] if r["status"] == "ok" else float("inf") for r in rows if r["impl"] == name)
+              for name in names}
     best = fastest_backend(totals)
-    print(f"dense baseline: {best} (fastest of {', '.join(names)})", file=sys.stderr)
+    print(f"dense baseline: {best} (fastest of " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in totals.items()) + ")",
+          file=sys.stderr)
     return best
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the whole script")
+    p = parser(PROG, __doc__, quick=False, device="auto", dtype="float32", repeats=10, max_time=3.0,
+               passes=["fwd"], impls=["sdpa"], tag=None, db=DEFAULT_DB)
     p.add_argument("--no-compile", action="store_true", help="eager only")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point, at most")
-    p.add_argument("--max-time", type=float, default=3.0, help="seconds of timed work per point, at most")
-    p.add_argument("--db", default=DEFAULT_DB, type=store_path)
     p.add_argument("--preset", choices=list(PRESETS), default="full", help="sizes (--quick = --preset quick)")
-    p.add_argument("--passes", nargs="+", default=["fwd"], choices=["fwd", "fwd_bwd"])
-    p.add_argument("--impls", nargs="+", default=["sdpa"], choices=list(IMPL_VARIANTS))
     p.add_argument("--dense-backends", choices=["default", "best"], default="default",
                    help="best: time each SDPA backend the device serves and take η against the fastest")
     args = p.parse_args(argv)
 
     sizes = QUICK if args.quick else PRESETS[args.preset]
-    device = str(resolve_device(args.device))
-    if "triton" in args.impls:
-        register_triton_variant()
     doc = sweep_doc(sizes, not args.no_compile, args.repeats, args.max_time, args.dtype, args.passes, args.impls)
-    dense_name = None
-    if args.dense_backends == "best":
-        dense_name = pick_dense_backend(sizes, args, device)
-    spec = from_dict(doc, device, tag="quick" if args.quick else (f"dense-{dense_name}" if dense_name else None))
-    print(f"dilated vs dense SDPA on {device}: B=1 H={sizes['heads']} D={sizes['head_dim']} {args.dtype}, "
-          f"segments {tuple(sizes['segments'])}, rates {tuple(sizes['rates'])}; {len(spec.points)} points → {args.db}",
-          file=sys.stderr)
     try:
-        with dense_context(dense_name):
-            rows = run_sweep(spec, args.db, kind="bench")
+        spec = from_dict(doc, args.device, tag=args.tag or ("quick" if args.quick else None))  # checked before the store
+        dense_name = pick_dense_backend(sizes, args) if args.dense_backends == "best" else None
+        if args.dense_backends == "best" and dense_name is None:
+            return 2
+        if dense_name:
+            doc["grid"][0]["impl"] = [dense_name]
+            spec = from_dict(doc, args.device, tag=args.tag or f"dense-{dense_name}")
+        print(f"dilated vs dense SDPA on {args.device}: B=1 H={sizes['heads']} D={sizes['head_dim']} {args.dtype}, "
+              f"segments {tuple(sizes['segments'])}, rates {tuple(sizes['rates'])}; {len(spec.points)} points → "
+              f"{args.db}", file=sys.stderr)
+        rows = run_sweep(spec, args.db, kind="bench")
+    except (ValueError, TypeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except StoreError as exc:
-        print(f"bench_dilated: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     names, table, summary = summarise(rows, sizes["eta_n"])
     print(render(names, table))
@@ -205,4 +164,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_dilated"))
+    sys.exit(run_script(main, PROG))

@@ -129,18 +129,17 @@ def test_dense_backend_choice_among_the_backends_this_device_serves():
     assert bench_dilated.fastest_backend({"flash": 2.0, "cudnn": 1.5, "efficient": 3.0}) == "cudnn"
 
 
-def test_bench_dilated_longnet_preset_and_triton_variant_build_their_points():
+def test_bench_dilated_longnet_preset_and_triton_impl_build_their_points():
     import bench_dilated
     from dilcompile.profile import from_dict
 
-    bench_dilated.register_triton_variant()
     sizes = bench_dilated.LONGNET
     assert sizes["segments"] == [2048, 4096, 8192, 16384, 32768] and sizes["rates"] == [1, 2, 4, 8, 16]
     doc = bench_dilated.sweep_doc(sizes, True, 3, 1.0, "bfloat16", ["fwd", "fwd_bwd"], ["sdpa", "triton"])
     points = from_dict(doc, "cpu").points
     dilated = [p for p in points if p.variant.startswith("dilated")]
     assert {p.seq_len for p in dilated} == {1 << k for k in range(14, 21)}
-    assert {p.variant for p in dilated} == {"dilated", "dilated-triton"}
+    assert {(p.variant, p.impl) for p in dilated} == {("dilated", "sdpa"), ("dilated", "triton")}
     assert {p.seq_len for p in points if p.variant == "sdpa"} == set(sizes["dense"])
     assert len(points) == 7 * 2 * 2 * 2 + 4 * 2
 
