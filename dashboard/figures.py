@@ -7,6 +7,7 @@ import functools
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -100,6 +101,42 @@ def plain(text) -> str:
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _plain_text(data: pd.DataFrame, columns) -> pd.DataFrame:
+    """``data`` with the text in ``columns`` made ``plain``: hover labels and panel
+    titles go through the same HTML rendering as legends. Numbers, booleans and
+    NULLs stay as they are (a NULL is not the text "None")."""
+    text = [c for c in columns if c in data and not pd.api.types.is_numeric_dtype(data[c])
+            and not pd.api.types.is_bool_dtype(data[c])]
+    return data.assign(**{c: data[c].map(lambda v: plain(v) if isinstance(v, str) else v) for c in text})
+
+
+# What the Compare figures draw at most. Plotly Express spends ~40 ms a trace (one
+# per line and panel) and the browser is sent every point: 200,000 points at
+# distinct N (576 traces) took 30 s a figure. The committed reference runs draw 118.
+MAX_TRACES = 150
+MAX_POINTS = 10_000
+
+
+def drawable(points: pd.DataFrame, facet: str | None, max_traces: int = MAX_TRACES,
+             max_points: int = MAX_POINTS) -> tuple[pd.DataFrame, str]:
+    """The part of ``points`` the figures draw, and a sentence saying what was left
+    out ("" when nothing was): lines in legend order, each panel's points by N,
+    up to ``max_traces`` traces and ``max_points`` points."""
+    if points.empty:
+        return points, ""
+    order = pd.DataFrame({"line": line_labels(points, facet),
+                          "panel": points[facet].astype(str) if facet else "", "seq_len": points["seq_len"]},
+                         index=points.index).sort_values(["line", "panel", "seq_len"], kind="stable")
+    trace = (~order.duplicated(["line", "panel"])).cumsum().to_numpy()  # 1, 1, 2, ...: the row's trace
+    keep = (trace <= max_traces) & (np.arange(len(order)) < max_points)
+    if keep.all():
+        return points, ""
+    kept = order.index[keep]
+    return points.loc[kept], (f"The figures draw {len(kept):,} of {len(points):,} points ({trace[keep][-1]:,} of "
+                              f"{trace[-1]:,} lines and panels, in legend order): narrow the filters on the left "
+                              "to see the rest.")
+
+
 def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device", log_y: bool = True) -> go.Figure:
     """``metric`` against seq_len (log x), one line per series, one panel per ``facet`` value.
 
@@ -122,6 +159,7 @@ def metric_vs_seq_len(df: pd.DataFrame, metric: str, facet: str | None = "device
         data = data.assign(**{facet: data[facet].map(plain)})
     hover = [c for c in ("dtype", "pass", "causal", "batch", "heads", "head_dim", "config_label", "latency_p20_ms",
                          "latency_p80_ms", "status") if c in data]
+    data = _plain_text(data, hover)
     positive = bool((data[metric] > 0).all())
     if data["seq_len"].nunique() == 1:  # one length (e.g. layouts of one batch): a line would be a dot
         return _metric_bars(data, metric, title, facet, log_y and positive, hover)
@@ -235,7 +273,7 @@ def regression_figure(table: pd.DataFrame, threshold: float) -> go.Figure:
     if data.empty:
         return empty_figure("no point was measured in both selections")
     colors = {"slower": "#d62728", "faster": "#2ca02c", "noisy": "#ff7f0e", "same": "#7f7f7f"}
-    data = data.assign(series=data["series"].map(plain))
+    data = _plain_text(data, ["series", "device", "dtype", "pass", "config_label"])
     fig = px.scatter(data, x="seq_len", y="ratio", color="flag", symbol="series", log_x=True, log_y=True,
                      color_discrete_map=colors, hover_data=["device", "dtype", "pass", "config_label",
                                                             "latency_ms_a", "latency_ms_b"],

@@ -47,7 +47,7 @@ def header(title: str, caption: str) -> data.Source | None:
     src = source()
     with st.sidebar:
         if src.kind == "store":
-            st.caption(f"Run store: `{src.db}`")
+            st.caption(f"Run store: {md(src.db)}")
         elif src.kind == "reference":
             st.caption(f"Reference runs ({len(src.folders)} folder(s) under `runs/`)")
     if src.kind == "reference":
@@ -109,6 +109,20 @@ def pick(container, label: str, ids: list, fmt, key: str, index: int = 0):
         shown[text] = i
     choice = container.selectbox(label, list(shown), index=min(index, max(len(shown) - 1, 0)), key=key)
     return shown.get(choice)
+
+
+# Rows a page's table sends to the browser: a store of 200,000 points at distinct N made
+# tables of as many rows. The SQL page reaches every row.
+MAX_ROWS = 1000
+
+
+def bounded(table: pd.DataFrame, what: str) -> pd.DataFrame:
+    """The first ``MAX_ROWS`` rows of ``table``; a caption says how many of ``what`` were left out."""
+    if len(table) <= MAX_ROWS:
+        return table
+    st.caption(f"Showing the first {MAX_ROWS:,} of {len(table):,} {what}: narrow the selection, or query them all "
+               "on the SQL page.")
+    return table.head(MAX_ROWS)
 
 
 def when(value) -> str:

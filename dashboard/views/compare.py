@@ -30,10 +30,13 @@ if src is not None:
                             key="cmp_facet", help="one panel per device compares e.g. H100, H200 and CPU")
     log_y = c2.toggle("log y axis", value=True, key="cmp_logy")
     facet = None if facet_choice == "none" else facet_choice
+    drawn, left_out = figures.drawable(points, facet)
+    if left_out:
+        st.caption(left_out)
     tabs = st.tabs([title for title, _ in analysis.METRICS.values()])
     for tab, metric in zip(tabs, analysis.METRICS):
         with tab:
-            st.plotly_chart(figures.metric_vs_seq_len(points, metric, facet=facet, log_y=log_y),
+            st.plotly_chart(figures.metric_vs_seq_len(drawn, metric, facet=facet, log_y=log_y),
                             width="stretch", key=f"cmp_fig_{metric}")
 
     st.subheader("Speedup against a baseline")
@@ -45,6 +48,10 @@ if src is not None:
         every_row = "; every row: " + ", ".join(f"{k} {ui.md(str(v))}" for k, v in same.items()) if same else ""
         st.caption(f"{ui.md(baseline)} latency ÷ each variant's latency at the same point: above 1 is faster "
                    f"than the baseline, blank where a variant was not measured{every_row}.")
-        st.dataframe(ui.ratios(table, series), hide_index=True, width="stretch")
+        if table.empty:
+            st.info(f"{ui.md(baseline)} has no latency (a positive, finite number) at any point of the selection: "
+                    "pick another baseline.")
+        else:
+            st.dataframe(ui.ratios(ui.bounded(table, "points"), series), hide_index=True, width="stretch")
     else:
         st.info("No ok runs match the filter.")

@@ -21,11 +21,13 @@ if src is not None:
 
     st.subheader("Leaderboard")
     passes = sorted(df["pass"].dropna().unique())
-    pass_ = st.radio("pass", passes, horizontal=True, key="overview_pass") if len(passes) > 1 else None
+    # Radio options are Markdown: a stored pass such as ![p](http://host/p.png) was fetched as an image.
+    pass_ = (st.radio("pass", passes, horizontal=True, key="overview_pass", format_func=ui.md)
+             if len(passes) > 1 else None)
     board = analysis.leaderboard(df, pass_)
     st.caption("The fastest variant (latest ok run, lowest median latency) for each device, dtype, pass, "
                "causality and sequence length; *lead* is the runner-up's latency ÷ the winner's.")
-    st.dataframe(board, hide_index=True, width="stretch", column_config={
+    st.dataframe(ui.bounded(board, "leaderboard rows"), hide_index=True, width="stretch", column_config={
         "latency_ms": st.column_config.NumberColumn("latency ms", format="%.3g"),
         "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
         "efficiency": st.column_config.NumberColumn("η", format="%.3f"),
@@ -43,7 +45,7 @@ if src is not None:
                    "see the Run page for their errors.")
     cols = ["variant", "compiled", "pass", "device", "dtype", "causal", "seq_len", "config_label", "latency_ms",
             "tokens_per_s", "useful_tflops", "efficiency", "peak_mem_mib", "status"]
-    st.dataframe(last[cols], hide_index=True, width="stretch", column_config={
+    st.dataframe(ui.bounded(last[cols], "points of this sweep"), hide_index=True, width="stretch", column_config={
         "config_label": "config", "seq_len": "N", "peak_mem_mib": st.column_config.NumberColumn("peak MiB", format="%.3g"),
         "latency_ms": st.column_config.NumberColumn("latency ms", format="%.3g"),
         "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
