@@ -12,7 +12,10 @@ setting one checks it there and then, with one error naming the key:
 
 Values are stored in the instance's ``__dict__`` as plain lists, ints and
 strings, so ``to_dict`` / ``save_pretrained`` write them to config.json and
-loading the checkpoint sets (and checks) them again.
+loading the checkpoint sets (and checks) them again. A config switched to our
+attention holds every key, None where unset (``check_config``), so a compiled
+model guards on each key the attention reads and recompiles when one is set
+later.
 """
 
 from __future__ import annotations
@@ -90,14 +93,30 @@ def install_config_keys() -> None:
 
 
 def check_config(config) -> None:
-    """Check every ``dilcompile_*`` key ``config`` carries, eagerly. A config
-    built before ``register()`` holds its keys unchecked (set before the
-    attributes were ours): run when a model is built or switched to our
-    attention, this also parses its pattern for compiled code to look up."""
-    for key, check in CHECKS.items():
-        value = config.__dict__.get(key)
-        if value is not None:
-            config.__dict__[key] = check(key, value)
+    """Check every ``dilcompile_*`` key of ``config`` and of the configs it
+    holds (a composite model's text / vision configs), eagerly, and store the
+    unset ones as None; run when a model is built or switched to our attention.
+
+    A config built before ``register()`` holds its keys unchecked (set before
+    the attributes were ours); checking also parses its pattern for compiled
+    code to look up. The explicit None is for torch.compile: Dynamo guards on
+    a key in a config's ``__dict__`` but not on a key's absence (torch 2.13),
+    so a model compiled before ``config.dilcompile_mode`` was set kept its
+    old graph; with the key present, setting it recompiles."""
+    from transformers import PreTrainedConfig
+
+    stack, seen = [config], set()
+    while stack:
+        each = stack.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
+        for key, check in CHECKS.items():
+            value = each.__dict__.get(key)
+            each.__dict__[key] = None if value is None else check(key, value)
+        for value in list(each.__dict__.values()):  # sub-configs, alone or in lists (per-layer configs)
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            stack.extend(item for item in items if isinstance(item, PreTrainedConfig))
 
 
 def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
@@ -107,7 +126,7 @@ def check_branches_of(config) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     if len(segments) != len(rates):
         raise ValueError(f"dilcompile_segment_lengths {segments} and dilcompile_dilation_rates {rates} must have "
                          "the same length (one rate per segment length)")
-    return tuple(segments), tuple(rates), getattr(config, "dilcompile_mode", None) or "longnet"
+    return tuple(segments), tuple(rates), _value(config, "dilcompile_mode") or "longnet"
 
 
 def pattern_of(config):
@@ -118,11 +137,26 @@ def pattern_of(config):
     if spec not in _PATTERNS:
         raise ValueError(f"dilcompile_pattern {spec!r} was never parsed: set it after register(), or build or "
                          "switch the model (attn_implementation='dilcompile_block_sparse') after register()")
-    return _PATTERNS[spec], getattr(config, "dilcompile_block_size", None) or 128
+    return _PATTERNS[spec], _value(config, "dilcompile_block_size") or 128
+
+
+def _value(config, key: str):
+    """A key as the attention reads it, None if unset. Read from ``__dict__``
+    where ``check_config`` put it; a compiled model reading a key absent there
+    could not notice it being set later (no guard on absence), so that trace
+    stops with one line. Eagerly the key is stored as None, for a later trace."""
+    if key not in config.__dict__:
+        if tracing():
+            raise ValueError(f"{type(config).__name__} has no {key} entry, so a compiled model could not see it set "
+                             "later: build the model with attn_implementation='dilcompile_...' after register() (or "
+                             f"switch it with model.set_attn_implementation), or set config.{key} (None for the "
+                             "default) before compiling")
+        config.__dict__[key] = None
+    return config.__dict__[key]
 
 
 def _required(config, key: str, example: str):
-    value = getattr(config, key, None)
+    value = _value(config, key)
     if value is None:
         raise ValueError(f"the model config has no {key}; set it with dilcompile.integrations.transformers."
                          f"configure(model, ...) or config.{key} = {example}")
