@@ -20,12 +20,10 @@ store (``pass = 'decode'``). Prints a table, then one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,13 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dilcompile import dilated_attention  # noqa: E402
-from dilcompile.cli._util import render, store_path  # noqa: E402
+from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
 from dilcompile.dilated.geometry import plan_parts  # noqa: E402
 from dilcompile.dilated.impl.decode import pieces  # noqa: E402
-from dilcompile.profile import env as _env  # noqa: E402
-from dilcompile.profile.measure import percentile  # noqa: E402
-from dilcompile.profile.runner import run_script, utc_now  # noqa: E402
-from dilcompile.store import DEFAULT_DB, RunWriter, StoreError  # noqa: E402
+from dilcompile.profile.measure import Timer  # noqa: E402
+from dilcompile.profile.record import timing_columns  # noqa: E402
+from dilcompile.profile.runner import run_script  # noqa: E402
+from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
+
+PROG = "bench_decode"
 
 LONGNET = dict(segments=(2048, 4096, 8192, 16384, 32768), rates=(1, 2, 4, 6, 12))
 FULL = dict(sizes=[4096, 65536, 262144, 1 << 20], recompute_n=65536, rounds=15, recompute_rounds=3)
@@ -53,28 +54,13 @@ def attended_keys(nk: int) -> int:
     return sum((p.h1 - p.h0) * len(range(*keys.indices(nk))) for p in parts for _, keys, _, _ in pieces(p, 1, nk))
 
 
-def _time_ms(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, few rounds (a smoke run)")
-    ap.add_argument("--db", default=DEFAULT_DB, type=store_path)
-    args = ap.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    device = torch.device("cpu")
-    sweep_id = uuid.uuid4().hex
-    now = utc_now()
-    try:  # the store is checked (and a bad one refused) before anything is measured
-        writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
-                                     "sweep_name": "bench_decode", "tag": None, "spec": json.dumps(cfg | LONGNET),
-                                     **_env.capture(device)})
-    except StoreError as exc:
-        print(f"bench_decode: error: {exc}", file=sys.stderr)
+    args = parser(PROG, __doc__, quick=False, rounds=None, tag=None, db=DEFAULT_DB).parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL, rounds=args.rounds or (QUICK if args.quick else FULL)["rounds"])
+    recorder = open_store(PROG, args.db, cfg | LONGNET, "cpu", tag=args.tag)  # checked before anything is measured
+    if recorder is None:
         return 1
+    timer = Timer(recorder.device)
     kw = dict(segment_lengths=LONGNET["segments"], dilation_rates=LONGNET["rates"], causal=True)
     sizes = cfg["sizes"]
     gen = torch.Generator().manual_seed(0)
@@ -106,28 +92,23 @@ def main(argv=None) -> int:
         for _ in range(cfg["rounds"]):  # interleaved: every size and mode once per round
             for n in sizes:
                 for c in (False, True):
-                    times[(c, n)].append(_time_ms(lambda: step[c](n)))
+                    times[(c, n)].append(timer.time(lambda: step[c](n), 1).times_ms[0])
         n_r = cfg["recompute_n"]
         recompute, decode_at_r = [], []
         dilated_attention(q_all, k[:, :, :n_r], v[:, :, :n_r], **kw)  # warm-up
         for _ in range(cfg["recompute_rounds"]):  # interleaved A/B: recompute, decode
-            recompute.append(_time_ms(lambda: dilated_attention(q_all, k[:, :, :n_r], v[:, :, :n_r], **kw)))
-            decode_at_r.append(_time_ms(lambda: step[False](n_r)))
+            recompute.append(timer.time(lambda: dilated_attention(q_all, k[:, :, :n_r], v[:, :, :n_r], **kw),
+                                        1).times_ms[0])
+            decode_at_r.append(timer.time(lambda: step[False](n_r), 1).times_ms[0])
     recompiles = frames["n"] - 1
 
-    base = {"sweep_id": sweep_id, "started_at": now, "impl": "auto", "mode": "longnet", "pass": "decode",
-            "device": _env.device_name(device), "device_kind": "cpu", "dtype": "float32", "batch": 1,
-            "heads": HEADS, "head_dim": HEAD_DIM, "causal": True, "status": "ok",
+    base = {"impl": "auto", "mode": "longnet", "pass": "decode", "dtype": "float32", "batch": 1, "heads": HEADS,
+            "head_dim": HEAD_DIM, "causal": True, "status": "ok",
             "config": json.dumps({"segments": list(LONGNET["segments"]), "rates": list(LONGNET["rates"])})}
 
-    def row(variant, n, compiled_, ms, flops, **extra):
-        med = statistics.median(ms)
-        r = base | {"run_id": uuid.uuid4().hex, "variant": variant, "seq_len": n, "compiled": compiled_,
-                    "repeats": len(ms), "latency_ms": med, "latency_p20_ms": percentile(ms, 20),
-                    "latency_p80_ms": percentile(ms, 80), "latency_min_ms": min(ms), "tokens_per_s": 1e3 / med,
-                    "useful_flops": flops, "useful_tflops": flops / med / 1e9} | extra
-        writer.write(r)
-        return r
+    def row(variant, n, compiled_, ms, flops, tokens=1, **extra):  # a decode call makes one token
+        return recorder.write(base | {"variant": variant, "seq_len": n, "compiled": compiled_,
+                                      **timing_columns(ms, tokens, flops)} | extra)
 
     table = []
     names = ["Nk", "keys attended", "decode eager ms", "decode compiled ms", "eager ÷ first Nk",
@@ -145,20 +126,20 @@ def main(argv=None) -> int:
         rec = row("dilated-recompute", n_r, False, recompute, 4 * HEAD_DIM * attended_keys(n_r) * n_r)
         speedup = rec["latency_ms"] / statistics.median(decode_at_r)
         table.append([n_r, None, statistics.median(decode_at_r), None, None, None, rec["latency_ms"]])
-        writer.close()
     except StoreError as exc:  # the writer saved the rows the store refused; the error says where
         print(render(names, table))
-        print(f"bench_decode: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
-
+    if close_store(PROG, recorder):
+        return 1
     print(render(names, table))
     print(f"recompute ÷ decode at Nk={n_r}: {speedup:.0f}× (median of {len(recompute)} interleaved pairs); "
           f"compiled decode: {recompiles} recompile(s) over {len(sizes)} key lengths; medians of "
-          f"{cfg['rounds']} interleaved rounds on {_env.device_name(device)} (shared, noisy machine)")
+          f"{cfg['rounds']} interleaved rounds on {recorder.device_name} (shared, noisy machine)")
     print(json.dumps({"bench": "decode", "rows": [dict(zip(names, t)) for t in table], "speedup": speedup,
-                      "recompiles": recompiles, "sweep_id": sweep_id}))
+                      "recompiles": recompiles, "sweep_id": recorder.sweep_id}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_decode"))
+    sys.exit(run_script(main, PROG))

@@ -18,7 +18,6 @@ ratios packed ÷ docs and padded-dense ÷ packed, then one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,11 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile.cli._util import render, store_path  # noqa: E402
+from dilcompile.cli._bench import parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
 from dilcompile.profile import from_dict, run_script, run_sweep  # noqa: E402
 from dilcompile.profile.documents import LAYOUTS  # noqa: E402
-from dilcompile.profile.env import resolve_device  # noqa: E402
+from dilcompile.profile.sweep import with_layout  # noqa: E402
 from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
+
+PROG = "bench_packed"
 
 FULL = dict(total=65536, segments=[2048, 4096, 8192, 16384], rates=[1, 2, 4, 8],
             patterns=["local_window(window=512)", "dilated(segment_lengths=(2048,4096),dilation_rates=(1,2))"])
@@ -38,22 +40,22 @@ QUICK = dict(total=2048, segments=[64, 128, 256, 512], rates=[1, 2, 4, 8],
              patterns=["local_window(window=64)", "dilated(segment_lengths=(128,256),dilation_rates=(1,2))"])
 
 
-def variants(sizes: dict, kinds: list[str]) -> list[tuple[str, str, str]]:
-    """(family, layout, variant name) for every family and layout, layouts innermost (interleaved)."""
-    families = (["dilated"] if "dilated" in kinds else []) + \
+def families(sizes: dict, kinds: list[str]) -> list[str]:
+    return (["dilated"] if "dilated" in kinds else []) + \
         ([f"block-sparse:{p}" for p in sizes["patterns"]] if "block-sparse" in kinds else [])
-    out = []
-    for family in families:
-        base, _, spec = family.partition(":")
-        out += [(family, layout, f"{base}-{layout}" + (f":{spec}" if spec else "")) for layout in LAYOUTS]
-    return out
 
 
-def sweep_doc(sizes: dict, names: list[str], passes: list[str], dtype: str, heads: int, head_dim: int) -> dict:
+def variants(sizes: dict, kinds: list[str]) -> list[tuple[str, str, str]]:
+    """(family, layout, the variant's stored name) for every family and layout."""
+    return [(family, layout, with_layout(family, layout)) for family in families(sizes, kinds) for layout in LAYOUTS]
+
+
+def sweep_doc(sizes: dict, kinds: list[str], passes: list[str], dtype: str, heads: int, head_dim: int) -> dict:
+    """One timed call per point: the rounds repeat the sweep, layouts innermost (interleaved)."""
     defaults = {"batch": 1, "heads": heads, "head_dim": head_dim, "dtype": dtype, "causal": True,
                 "segments": sizes["segments"], "rates": sizes["rates"], "seq_len": sizes["total"]}
-    grid = [{"pass": [p], "variant": [name]} for p in passes for name in names]
-    return {"name": "bench_packed", "warmup": 0, "repeats": 1, "max_time_s": 0.001, "defaults": defaults, "grid": grid}
+    grid = [{"pass": p, "variant": f, "layout": list(LAYOUTS)} for p in passes for f in families(sizes, kinds)]
+    return {"name": PROG, "warmup": 0, "repeats": 1, "max_time_s": 0.001, "defaults": defaults, "grid": grid}
 
 
 def summarise(rows: list[dict], pairs: list[tuple[str, str, str]], passes: list[str]):
@@ -88,34 +90,29 @@ def summarise(rows: list[dict], pairs: list[tuple[str, str, str]], passes: list[
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="2048 tokens: a smoke run of the whole script")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table shows medians")
-    p.add_argument("--passes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
+    p = parser(PROG, __doc__, quick=False, rounds=3, passes=["fwd", "fwd_bwd"], device="auto", dtype="float32",
+               heads=8, head_dim=64, tag=None, db=DEFAULT_DB)
     p.add_argument("--kinds", nargs="+", default=["dilated", "block-sparse"], choices=["dilated", "block-sparse"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--db", default=DEFAULT_DB, type=store_path)
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error("--rounds must be ≥ 1")
 
     sizes = QUICK if args.quick else FULL
-    device = str(resolve_device(args.device))
     pairs = variants(sizes, args.kinds)
-    doc = sweep_doc(sizes, [n for _, _, n in pairs], args.passes, args.dtype, args.heads, args.head_dim)
-    print(f"packed batches on {device}: {sizes['total']} tokens, H={args.heads} D={args.head_dim} {args.dtype}, "
+    doc = sweep_doc(sizes, args.kinds, args.passes, args.dtype, args.heads, args.head_dim)
+    try:  # every point checked before the store opens
+        specs = [from_dict(doc, args.device, tag=args.tag or f"packed-round-{i + 1}") for i in range(args.rounds)]
+    except (ValueError, TypeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"packed batches on {args.device}: {sizes['total']} tokens, H={args.heads} D={args.head_dim} {args.dtype}, "
           f"causal; {len(pairs)} variants × {len(args.passes)} passes × {args.rounds} rounds → {args.db}",
           file=sys.stderr)
     rows = []
     try:
-        for i in range(args.rounds):
+        for i, spec in enumerate(specs):
             print(f"round {i + 1}/{args.rounds}", file=sys.stderr)
-            rows += run_sweep(from_dict(doc, device, tag=f"packed-round-{i + 1}"), args.db, kind="bench")
+            rows += run_sweep(spec, args.db, kind="bench")
     except StoreError as exc:
-        print(f"bench_packed: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     names, table, summary = summarise(rows, pairs, args.passes)
     print(render(names, table))
@@ -126,4 +123,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_packed"))
+    sys.exit(run_script(main, PROG))

@@ -7,27 +7,36 @@ loop) is swapped for a stub that returns preallocated outputs, so the call
 does everything but the attention. Also timed, for scale: the whole call and
 the backend alone (``gather_forward`` with the plan in hand) on a tiny input
 (B = 1, H = 2, N = 64, D = 16, 64-token blocks). Rounds interleave the
-variants in one process; medians. Prints a table, then one JSON line.
+variants in one process, each timing ``--repeats`` calls (their median);
+medians over rounds. A store row per pattern, causality and part timed
+(``impl``: overhead, overhead_grad, call, backend; its repeats are the
+rounds' medians). Prints a table, then one JSON line.
 
-    PYTHONPATH=$PWD python scripts/bench_pattern_overhead.py [--rounds 7] [--calls 2000]
+    python scripts/bench_pattern_overhead.py [--rounds 7] [--repeats 2000] [--db runs/dilcompile.duckdb]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
-import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dilcompile import block_sparse_attention
-from dilcompile.block_sparse import cache, ops
-from dilcompile.patterns import causal as causal_of
-from dilcompile.patterns import dilated, global_local, local_window, random_blocks, union
-from dilcompile.profile.runner import run_script
+import torch  # noqa: E402
 
+from dilcompile import block_sparse_attention  # noqa: E402
+from dilcompile.block_sparse import cache, ops  # noqa: E402
+from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
+from dilcompile.patterns import causal as causal_of  # noqa: E402
+from dilcompile.patterns import dilated, global_local, local_window, random_blocks, union  # noqa: E402
+from dilcompile.profile.measure import Timer  # noqa: E402
+from dilcompile.profile.record import timing_columns  # noqa: E402
+from dilcompile.profile.runner import run_script  # noqa: E402
+from dilcompile.store import DEFAULT_DB  # noqa: E402
+
+PROG = "bench_pattern_overhead"
 PATTERNS = {
     "local_window": local_window(16),
     "dilated": dilated((32, 64), (1, 2)),
@@ -35,21 +44,13 @@ PATTERNS = {
 }
 
 
-def _per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=2000)
-    args = ap.parse_args()
+def main(argv=None) -> int:
+    args = parser(PROG, __doc__, rounds=7, repeats=2000, tag=None, db=DEFAULT_DB).parse_args(argv)
+    recorder = open_store(PROG, args.db, vars(args), "cpu", tag=args.tag)
+    if recorder is None:
+        return 1
     torch.set_num_threads(1)
+    timer = Timer(recorder.device)
     backend = ops.gather_forward
     q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
     qg = q.clone().requires_grad_()
@@ -77,17 +78,26 @@ def main() -> None:
                 "backend": lambda: backend(q, k, v, plan, 0.25),
             }
             got = {key: [] for key in fns}
-            for _ in range(args.rounds):  # interleaved: each round times every variant once
+            for _ in range(args.rounds):  # interleaved: each round times every variant, the median of its calls
                 for key, fn in fns.items():
-                    got[key].append(_per_call_us(fn, args.calls))
+                    got[key].append(timer.time(fn, args.repeats).median_ms)
+            for key, ms in got.items():  # impl: which part of the call was timed
+                recorder.write({"variant": f"block-sparse:{pattern!r}", "impl": key, "pass": "fwd", "compiled": False,
+                                "dtype": "float32", "batch": 1, "heads": 2, "seq_len": 64, "head_dim": 16,
+                                "causal": is_causal, "status": "ok", "config": json.dumps({"block_size": 64}),
+                                **timing_columns(ms, 64)})
             rows.append({"pattern": name, "causal": is_causal,
-                         **{f"{key}_us": round(statistics.median(val), 1) for key, val in got.items()}})
+                         **{f"{key}_us": round(statistics.median(val) * 1e3, 1) for key, val in got.items()}})
+    if close_store(PROG, recorder):
+        return 1
     print(f"{'pattern':<14}{'causal':>7}{'overhead µs':>13}{'  (with grad)':>14}{'call µs':>10}{'backend µs':>12}")
     for r in rows:
         print(f"{r['pattern']:<14}{r['causal']!s:>7}{r['overhead_us']:>13}{r['overhead_grad_us']:>14}"
               f"{r['call_us']:>10}{r['backend_us']:>12}")
-    print(json.dumps({"bench": "pattern_overhead", "torch": torch.__version__, "rows": rows}))
+    print(json.dumps({"bench": "pattern_overhead", "torch": torch.__version__, "rows": rows,
+                      "sweep_id": recorder.sweep_id}))
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_pattern_overhead"))
+    sys.exit(run_script(main, PROG))

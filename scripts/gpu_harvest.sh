@@ -105,10 +105,10 @@ run_part() {
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db"
        step "$dir" "$PY" scripts/bench_compile.py --no-cpu --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 ;;
-    3) step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --n 65536 --heads 16 \
-         --head-dim 128 --pass fwd --rounds 1 --mask-n 1048576 --db "$db"
-       step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --n 65536 --heads 16 \
-         --head-dim 128 --pass fwd_bwd --rounds 1 --mask-n 0 --db "$db" ;;
+    3) step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --seq-lens 65536 --heads 16 \
+         --head-dim 128 --passes fwd --rounds 1 --mask-n 1048576 --db "$db"
+       step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --seq-lens 65536 --heads 16 \
+         --head-dim 128 --passes fwd_bwd --rounds 1 --mask-n 0 --db "$db" ;;
     4) step "$dir" "$PY" scripts/gpu_harvest.py sweep --dtype bfloat16 --device cuda --db "$db" ;;
     5) step "$dir" "$PY" scripts/gpu_harvest.py sweep --dtype float32 --device cuda --db "$db" ;;
     6) step "$dir" "$PY" -m dilcompile maxlen --variant dilated --dtype bfloat16 --heads 8 --head-dim 64 \

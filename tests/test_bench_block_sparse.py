@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_block_sparse_smoke(tmp_path):
     db = tmp_path / "runs.duckdb"
     specs = ["local_window(window=32)", "random_blocks(density=0.25,block_size=128)"]
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_block_sparse.py"), "--n", "512", "--heads", "2",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_block_sparse.py"), "--seq-lens", "512", "--heads", "2",
                            "--head-dim", "16", "--repeats", "2", "--max-time", "0.05", "--mask-n", "4096", "--rounds", "2",
                            "--db", str(db), "--patterns", *specs],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
