@@ -84,3 +84,34 @@ def test_long_segments_against_the_rates_take_the_branch_form():
     assert keys.shape[-1] == 3 * 1024 < 4096
     keys, _ = decode_keys(torch.tensor([1000]), 1056, 4, (1024, 2048, 4096), (1, 2, 4), "longnet")
     assert keys.shape[-1] == 1056 < 1024 + math.ceil(1056 / 2) + math.ceil(1056 / 4)
+
+
+SPECS = ("local_window(window=5)", "global_local(window=3, global_tokens=2)",
+         "dilated(segment_lengths=(8, 16), dilation_rates=(1, 2))",
+         "union(global_local(window=3, global_tokens=2), dilated(segment_lengths=(8,), dilation_rates=(2,)))",
+         "random_blocks(density=0.4, block_size=4, seed=3)", "hierarchical(levels=((1, 4), (4, 8)))",
+         "hilbert(height=4, width=8, radius=1)")
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_sparse_index_set_is_the_query_row_of_the_mask(spec, causal):
+    """Every key the pattern allows the query (keys after it do not exist), once; block sizes that do
+    and do not divide the cache; the blocks fit the pattern's own block-list bound."""
+    from dilcompile.block_sparse.decode_gather import decode_keys as block_keys
+    from dilcompile.patterns.spec import from_spec
+
+    pattern = from_spec(spec)
+    g = torch.Generator().manual_seed(len(spec) + causal)
+    for slots, block_size, heads in ((32, 4, 3), (29, 8, 4), (32, 64, 2)):
+        if pattern.name == "hilbert" and slots != 32:
+            continue  # a Hilbert grid is for its own N = height · width only
+        positions = torch.randint(0, slots, (4,), generator=g)
+        keys, weight = block_keys(positions, slots, heads, pattern, causal, min(block_size, slots))
+        assert keys.shape[1] in (1, heads) and bool(((keys >= 0) & (keys < slots)).all())
+        mask = pattern.dense_mask(heads, slots)  # (H, S, S)
+        for b, p in enumerate(positions.tolist()):
+            got = torch.zeros(keys.shape[1], slots, dtype=torch.int64).scatter_add(1, keys[b], weight[b])
+            want = mask[:, p].clone()
+            want[:, p + 1 :] = False
+            assert torch.equal(got.expand(heads, -1), want.long()), (slots, block_size, p)

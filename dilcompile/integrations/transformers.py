@@ -145,8 +145,9 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
     return attention_mask
 
 
-def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float):
-    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v and causal."""
+def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float, repeat: bool = True):
+    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v and
+    causal; ``repeat=False`` leaves grouped key/value heads unrepeated."""
     if dropout:
         raise ValueError(f"dilcompile attention takes no attention-probability dropout (got {dropout}); set the "
                          "config's attention dropout to 0.0 (attention_dropout, or attention_probs_dropout_prob "
@@ -159,7 +160,7 @@ def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, d
     groups = query.shape[1] // key.shape[1]
     if groups * key.shape[1] != query.shape[1]:
         raise ValueError(f"query has {query.shape[1]} heads, not a multiple of the {key.shape[1]} key/value heads")
-    if groups > 1:  # grouped-query attention: kv head j serves query heads [j·groups, (j+1)·groups)
+    if groups > 1 and repeat:  # grouped-query attention: kv head j serves query heads [j·groups, (j+1)·groups)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     return query, key, value, bool(getattr(module, "is_causal", True))
 
@@ -177,10 +178,22 @@ def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
     return (q, usual) if scaling == usual else (q * scaling, 1.0)
 
 
-def _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs) -> Tensor:
+def _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs, decode) -> Tensor:
     """Run ``attention(q, k, v, causal, scale, **sequences)`` with the batch's
-    sequences described as the attention API takes them; → (B, Nq, H, D)."""
-    if attention_mask is not None and attention_mask.dtype == torch.uint8:  # a static cache's slot codes
+    sequences described as the attention API takes them; → (B, Nq, H, D).
+    A static cache's decode step (one query per row) reads only the keys
+    ``keys_of(position, slots, heads, causal)`` lists, ``decode`` being
+    (keys_of, divisor of the output) (``hf_sequences.decode_step``)."""
+    static = attention_mask is not None and attention_mask.dtype == torch.uint8  # a static cache's slot codes
+    if static and query.shape[2] == 1:
+        q, _, _, causal = _inputs(module, query, key, value, None, dropout, repeat=False)
+        q, scale = _constant_scale(q, scaling)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        keys_of, divisor = decode
+        out = hf_sequences.decode_step(q, key, value, attention_mask,
+                                       lambda p: keys_of(p, key.shape[2], q.shape[1], causal), scale)
+        return (out if divisor == 1 else out / divisor).transpose(1, 2).contiguous()
+    if static:
         key, value, pads = hf_sequences.cache_order(key, value, attention_mask)  # before GQA's repeat: less to move
         attention_mask = ~pads  # now a padding mask like any other, the queries at the end of the keys
     q, k, v, causal = _inputs(module, query, key, value, attention_mask, dropout)
@@ -243,7 +256,13 @@ def dilated_forward(module, query, key, value, attention_mask, dropout: float = 
         return dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode,
                                  scale=scale, **sequences)
 
-    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
+    def keys_of(position, slots, heads, causal):
+        from ..dilated.decode_gather import decode_keys
+
+        return decode_keys(position, slots, heads, segments, rates, mode)
+
+    decode = (keys_of, len(segments) if mode == "groups" else 1)  # groups mode divides the merged output by m
+    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs, decode), None
 
 
 def block_sparse_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -256,7 +275,13 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
         return block_sparse_attention(q, k, v, pattern, causal=causal, scale=scale, block_size=block_size,
                                       **sequences)
 
-    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs), None
+    def keys_of(position, slots, heads, causal):
+        from ..block_sparse.decode_gather import decode_keys
+
+        return decode_keys(position, slots, heads, pattern, causal, min(block_size, slots))
+
+    return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs,
+                   (keys_of, 1)), None
 
 
 _WARNED: set[int] = set()  # configs warned about (by id: a config defines __eq__, so it is unhashable)

@@ -1,0 +1,66 @@
+"""The keys one decode query attends under a block-sparse pattern, as an
+index set (``decode_gather``): the key blocks holding a key the pattern
+allows the query, gathered whole, ``mask_mod`` deciding each key.
+
+The number of blocks is fixed per (pattern, heads, cache length, block
+size) — the most key blocks the pattern lists for any query block of a
+sequence as long as the cache (its block lists) — so one compiled graph
+serves every step. A query's blocks are among its query block's listed ones
+(``block_state``'s ``any`` never misses an allowed pair), so they fit; a
+pattern that broke that contract stops with an error, not a wrong number.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ..patterns import Pattern
+from ..patterns import causal as causal_of
+
+
+@functools.lru_cache(maxsize=64)
+def _block_bound(pattern: Pattern, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
+    bound = (causal_of(pattern) if causal else pattern).with_heads(num_heads)
+    return max(1, int(bound.block_lists(num_heads, slots, block_size).num.max()))
+
+
+def block_bound(pattern: Pattern, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
+    """Most key blocks ``pattern`` (causal or not, bound to ``num_heads``)
+    lists for a query block of a sequence of ``slots`` tokens (built once
+    per cache size)."""
+    return _block_bound(pattern, causal, num_heads, slots, block_size)
+
+
+# Dynamo calls it while tracing and takes the result as a constant (what torch._dynamo.assume_constant_result
+# marks; importing that would load Dynamo with the package): a number of the pattern and the sizes only.
+block_bound._dynamo_marked_constant = True
+
+
+def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, causal: bool,
+                block_size: int) -> tuple[Tensor, Tensor]:
+    """position (B,) int64, the query's; ``slots``: S, more than any position
+    → key positions (B, H', K) in [0, S) and weights (B, H', K) int64 (1 = an
+    allowed key), H' = H for a head-dependent pattern, else 1. Causal and not
+    agree on the keys (none follows the query); ``causal`` picks the bound."""
+    if pattern.data_dependent:
+        raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so a decode query "
+                         f"alone cannot give the full call's rows ({pattern!r})")
+    device = position.device
+    blocks = -(-slots // block_size)
+    bound = block_bound(pattern, causal, num_heads, slots, block_size)
+    pattern = pattern.with_heads(num_heads)
+    p = position[:, None, None]  # (B, 1, 1)
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    h = torch.arange(num_heads if pattern.head_dependent else 1, device=device)[None, :, None]  # (1, H', 1)
+    every = torch.arange(blocks * block_size, device=device)  # the cache's positions, its last block padded
+    allowed = pattern.mask_mod(zero, h, p, every) & (every <= p)  # (B, H', S'): bools, no key read
+    hit = allowed.view(*allowed.shape[:2], blocks, block_size).any(-1)  # (B, H', nb)
+    torch._assert_async(hit.sum(-1).max() <= bound, "a query's allowed key blocks exceed the pattern's block lists")
+    ids = torch.where(hit, torch.arange(blocks, device=device), blocks)
+    chosen = ids.topk(min(bound, blocks), -1, largest=False).values  # (B, H', K / bs): the hit blocks first
+    keys = (chosen[..., None] * block_size + torch.arange(block_size, device=device)).flatten(-2)  # (B, H', K)
+    weight = (keys <= p) & pattern.mask_mod(zero, h, p, keys)  # an unhit block's keys: ≥ S > p
+    return keys.clamp(max=slots - 1), weight.long()
