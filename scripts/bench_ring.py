@@ -36,33 +36,33 @@ per-branch bytes, backend, local_seq_len) go into the row's ``config`` JSON.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import socket
-import statistics
 import sys
 import time
-import uuid
 
 import torch
 import torch.distributed as dist
 
-from dilcompile.cli._util import store_path
+from dilcompile.cli._bench import parser
 from dilcompile.dilated.geometry import plan_parts
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import split_sizes
 from dilcompile.profile import Point
-from dilcompile.profile import env as _env
-from dilcompile.profile.runner import point_columns, run_script, utc_now
-from dilcompile.store import DEFAULT_DB, RunWriter, StoreError
+from dilcompile.profile.env import device_name
+from dilcompile.profile.record import Recorder, timing_columns
+from dilcompile.profile.runner import run_script
+from dilcompile.store import DEFAULT_DB, StoreError
 
+PROG = "bench_ring"
 # Row keys that are not ``measurements`` columns: they go into the row's ``config`` JSON.
 CONFIG_EXTRAS = ("local_seq_len", "comm_bytes_all_ranks", "comm_bytes_fwd_by_branch", "held_kv_bytes",
                  "allgather_kv_bytes", "backend")
-QUICK = dict(local_lens=[64, 128], heads=2, head_dim=16, iters=2, warmup=1)
+LOCAL_LENS, QUICK_LOCAL_LENS = [512, 1024, 2048, 4096], [64, 128]  # shard lengths L = N / P by default
+QUICK = dict(heads=2, head_dim=16, repeats=2, warmup=1)
 
 
 def configs(n: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -109,7 +109,8 @@ def held_bytes(segments, rates, heads, world, local_len, batch, head_dim, causal
 
 
 def timed(fn, iters: int, warmup: int, device) -> list[float]:
-    """Per-iteration wall time in ms, the slowest rank's (barrier before each)."""
+    """Per-iteration wall time in ms, the slowest rank's (barrier before each). Not profile/measure's
+    Timer: every rank must start each call together and the step takes as long as its slowest rank."""
     for _ in range(warmup):
         fn()
     times = []
@@ -127,17 +128,15 @@ def timed(fn, iters: int, warmup: int, device) -> list[float]:
     return worst.tolist()
 
 
-def store_row(row: dict, *, sweep_id: str, started, device: torch.device, warmup: int, repeats: int) -> dict:
-    """A bench row as a ``measurements`` row: the profiler's point columns, ids,
-    timings, world_size/comm_bytes; ring extras folded into ``config``."""
+def store_row(row: dict, warmup: int) -> tuple[dict, Point]:
+    """A bench row as a ``measurements`` row and its point: timings, world_size/comm_bytes;
+    ring extras folded into ``config``."""
     point = Point(row["variant"], row["seq_len"], row["batch"], row["heads"], row["head_dim"], row["dtype"],
-                  row["causal"], row["pass"], device=str(device))
+                  row["causal"], row["pass"], device=row["device_kind"])
     config = {**json.loads(row["config"]), **{k: row[k] for k in CONFIG_EXTRAS}}
-    return {**point_columns(point, row["device"]), "run_id": uuid.uuid4().hex, "sweep_id": sweep_id,
-            "started_at": started, "impl": row["impl"], "mode": row["mode"], "config": json.dumps(config),
-            "warmup": warmup, "repeats": repeats,
-            **{k: row[k] for k in ("latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms", "tokens_per_s",
-                                   "world_size", "comm_bytes", "status")}}
+    return {"impl": row["impl"], "mode": row["mode"], "config": json.dumps(config), "warmup": warmup,
+            **{k: row[k] for k in ("repeats", "latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms",
+                                   "tokens_per_s", "world_size", "comm_bytes", "status")}}, point
 
 
 def leave() -> None:
@@ -147,16 +146,14 @@ def leave() -> None:
     dist.destroy_process_group()
 
 
-def open_writer(args, world: int, backend: str, device: torch.device) -> RunWriter | None:
+def open_writer(args, world: int, backend: str, device: torch.device) -> Recorder | None:
     """Rank 0's store writer (None with --no-db); every rank learns whether it opened,
     so a bad --db stops all ranks before any measuring instead of leaving them waiting."""
     writer, error = None, None
     if dist.get_rank() == 0 and args.db:
         try:
-            writer = RunWriter(args.db, {"sweep_id": uuid.uuid4().hex, "sweep_started_at": utc_now(),
-                                         "sweep_kind": "bench", "sweep_name": "bench_ring", "tag": args.tag,
-                                         "spec": json.dumps({**vars(args), "world_size": world, "backend": backend}),
-                                         **_env.capture(device)})
+            writer = Recorder(args.db, PROG, {**vars(args), "world_size": world, "backend": backend}, device,
+                              tag=args.tag)
         except StoreError as exc:
             error = str(exc)
     box = [error]
@@ -170,43 +167,39 @@ def open_writer(args, world: int, backend: str, device: torch.device) -> RunWrit
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--local-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shard lengths L")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p = parser(PROG, __doc__, seq_lens=None, batch=1, heads=8, head_dim=64, dtype="float32", causal=False,
+               device="cpu", repeats=5, warmup=2, quick=False, tag=None, db=DEFAULT_DB)
     p.add_argument("--transports", nargs="+", default=["all_to_all", "ring"], choices=["all_to_all", "ring"])
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="two small shard lengths, H=2, D=16: a smoke run")
-    p.add_argument("--db", default=DEFAULT_DB, type=store_path, help="run store to write (rank 0); default %(default)s")
     p.add_argument("--no-db", dest="db", action="store_const", const=None, help="write no store rows")
-    p.add_argument("--tag", default=None)
-    args = p.parse_args()
+    args = p.parse_args()  # --seq-lens: N, a multiple of the ranks (default: shards of 512 … 4096; --quick 64, 128)
     if args.quick:
         for key, value in QUICK.items():  # an explicit flag still wins
             if getattr(args, key) == p.get_default(key):
                 setattr(args, key, value)
 
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    cuda = args.device.startswith("cuda")
+    backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.device == "cuda":
+    seq_lens = args.seq_lens or [n * world for n in (QUICK_LOCAL_LENS if args.quick else LOCAL_LENS)]
+    if any(n % world for n in seq_lens):  # every rank sees it: all stop before the store opens
+        if rank == 0:
+            print(f"{PROG}: error: argument --seq-lens: {seq_lens} must be multiples of the {world} ranks",
+                  file=sys.stderr)
+        leave()
+        raise SystemExit(2)
+    if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    device_name = _env.device_name(device)
     writer = open_writer(args, world, backend, device)
     store_error = None
     dtype = getattr(torch, args.dtype)
     b, h, d = args.batch, args.heads, args.head_dim
     rows = []
-    for local_len in args.local_lens:
-        n = local_len * world
+    for n in seq_lens:
+        local_len = n // world
         for (name, (segments, rates)), transport in itertools.product(configs(n).items(), args.transports):
             gen = torch.Generator(device=device).manual_seed(rank)
             q, k, v = (torch.randn(b, h, local_len, d, generator=gen, device=device, dtype=dtype).requires_grad_()
@@ -226,17 +219,13 @@ def main() -> None:
             gather = 2 * b * h * (n - local_len) * d * (torch.finfo(dtype).bits // 8)
             held = held_bytes(*geometry)
             for pass_, fn, nbytes in (("fwd", fwd, fwd_b), ("fwd_bwd", fwd_bwd, step_b)):
-                started = utc_now()
-                t = timed(fn, args.iters, args.warmup, device)
-                q20, _, _, q80 = statistics.quantiles(t, n=5) if len(t) > 1 else (t[0],) * 4
-                median = statistics.median(t)
+                t = timed(fn, args.repeats, args.warmup, device)
                 rows.append({
                     "variant": f"ring_dilated[{name}]", "impl": transport, "mode": "longnet", "compiled": False,
-                    "pass": pass_, "device": device_name, "device_kind": device.type, "dtype": args.dtype,
+                    "pass": pass_, "device": device_name(device), "device_kind": device.type, "dtype": args.dtype,
                     "batch": b, "seq_len": n, "heads": h, "head_dim": d, "causal": args.causal,
                     "config": json.dumps({"segment_lengths": list(segments), "dilation_rates": list(rates)}),
-                    "latency_ms": median, "latency_p20_ms": q20, "latency_p80_ms": q80, "latency_min_ms": min(t),
-                    "tokens_per_s": n * b / (median / 1e3), "world_size": world, "local_seq_len": local_len,
+                    **timing_columns(t, n * b), "world_size": world, "local_seq_len": local_len,
                     "comm_bytes": nbytes, "comm_bytes_all_ranks": total_b if pass_ == "fwd_bwd" else None,
                     "comm_bytes_fwd_by_branch": by_branch, "held_kv_bytes": held,
                     "allgather_kv_bytes": gather if pass_ == "fwd" else 2 * gather,
@@ -244,15 +233,11 @@ def main() -> None:
                     "hostname": socket.gethostname(),
                 })
                 if writer is not None:  # committed as soon as measured
-                    row = store_row(rows[-1], sweep_id=writer.sweep["sweep_id"], started=started, device=device,
-                                    warmup=args.warmup, repeats=args.iters)
                     try:
-                        if not writer.write(row):
-                            print(f"warning: {args.db} is locked by a reader; {len(writer.pending)} row(s) kept "
-                                  "in memory, retrying after the next point", file=sys.stderr)
+                        row, point = store_row(rows[-1], args.warmup)
+                        rows[-1]["run_id"] = writer.write(row, point=point)["run_id"]
                     except StoreError as exc:  # rows rescued (the message says where); the ranks go on in step
                         store_error, writer = exc, None
-                    rows[-1]["run_id"] = row["run_id"]
     if rank == 0:
         head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
                 f"{'comm KiB':>9} {'held KiB':>9} {'all-gather KiB':>14}  fwd KiB by branch (w/r)")
@@ -273,9 +258,9 @@ def main() -> None:
             store_error = exc
     leave()
     if store_error is not None:
-        print(f"bench_ring: error: {store_error}", file=sys.stderr)
+        print(f"{PROG}: error: {store_error}", file=sys.stderr)
         raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_ring"))
+    sys.exit(run_script(main, PROG))
