@@ -104,7 +104,9 @@ run_part() {
          tests/test_kernel_arguments.py tests/test_cuda_training.py tests/test_bench_dilated.py tests/test_numerics.py ;;
     2) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db"
-       step "$dir" "$PY" scripts/bench_compile.py --no-cpu --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 ;;
+       step "$dir" "$PY" scripts/bench_compile.py --device cuda --seq-lens 65536 16384 32768 131072 --heads 16 \
+         --head-dim 128 --dtype bfloat16 --passes fwd fwd_bwd --impls sdpa triton \
+         --segments 2048 4096 8192 16384 32768 --rates 1 2 4 8 16 --db "$db" ;;
     3) step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --seq-lens 65536 --heads 16 \
          --head-dim 128 --passes fwd --rounds 1 --mask-n 1048576 --db "$db"
        step "$dir" "$PY" scripts/bench_block_sparse.py --device cuda --dtype bfloat16 --seq-lens 65536 --heads 16 \

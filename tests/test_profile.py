@@ -279,3 +279,30 @@ def test_dilated_rows_record_the_impl_auto_runs(monkeypatch):
             built = variants.build(Point(variant, 64, heads=2, head_dim=8, segments=(16, 32), rates=(1, 2),
                                          pass_=pass_))
             assert built.impl == want, (variant, pass_, built.impl)
+
+
+def test_impl_and_layout_are_sweep_axes(tmp_path):
+    """A point's impl runs (and is recorded) as asked; a layout names the documents variant;
+    an impl or layout a variant does not take is refused before anything is measured."""
+    doc = {"defaults": {**SMALL, "seq_len": 64, "causal": True},
+           "grid": [{"variant": "dilated", "impl": ["sdpa", "reference"], "layout": ["", "packed"]},
+                    {"variant": "sdpa", "impl": ["auto", "math"]},
+                    {"variant": "block-sparse:local_window(window=16)", "impl": "gather", "layout": "docs"}]}
+    points = from_dict(doc, "cpu").points
+    assert {(p.variant, p.impl) for p in points} == {
+        ("dilated", "sdpa"), ("dilated", "reference"), ("dilated-packed", "sdpa"), ("dilated-packed", "reference"),
+        ("sdpa", "auto"), ("sdpa", "math"), ("block-sparse-docs:local_window(window=16)", "gather")}
+    db = tmp_path / "runs.duckdb"
+    rows = run_sweep(from_dict({**doc, "warmup": 0, "repeats": 1}, "cpu"), str(db), progress=False)
+    assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    _, got = store.query(db, "SELECT variant, impl FROM runs")
+    assert set(got) == {("dilated", "sdpa"), ("dilated", "reference"), ("dilated-packed", "sdpa"),
+                        ("dilated-packed", "reference"), ("sdpa", "sdpa"), ("sdpa", "math"),
+                        ("block-sparse-docs:local_window(window=16)", "gather")}
+    # the two dilated impls are two computations, not one callable measured twice
+    assert len({variants.build(p).key for p in points if p.variant == "dilated"}) == 2
+    for entry, message in (({"variant": "sdpa", "impl": "triton"}, "takes impl auto | flash"),
+                           ({"variant": "dilated", "impl": "fast"}, "takes impl auto | sdpa | triton | reference"),
+                           ({"variant": "sdpa", "layout": "zigzag"}, "layout must be one of packed")):
+        with pytest.raises(ValueError, match=message):
+            from_dict({"defaults": doc["defaults"], "grid": [entry]}, "cpu")
