@@ -92,11 +92,30 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _strict(value):
+    """``value`` with NaN and ±inf as None: JSON has no such numbers (Python's
+    ``NaN``/``Infinity`` are refused by strict readers, and jq reads inf as 1.797e308)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    return value
+
+
+def json_line(obj) -> str:
+    """``obj`` as one line of strict JSON: non-finite numbers null, other
+    non-JSON values (timestamps, decimals) as text."""
+    return json.dumps(_strict(obj), default=str, allow_nan=False)
+
+
 def render(names: list[str], rows: list, fmt: str = "table") -> str:
     """Rows as an aligned text table, CSV, or JSON lines. Table and CSV show
-    control characters as escapes (:func:`safe`); JSON escapes them its own way."""
+    control characters as escapes (:func:`safe`); JSON escapes them its own way
+    and writes NaN and ±inf as null (:func:`json_line`)."""
     if fmt == "json":
-        return "\n".join(json.dumps(dict(zip(names, r)), default=str) for r in rows)
+        return "\n".join(json_line(dict(zip(names, r))) for r in rows)
     names = [safe(str(n)) for n in names]
     if fmt == "csv":
         buf = io.StringIO()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ..profile.sweep import standard_sweeps
-from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, add_shape, fail, grid_from_flags, result_table
+from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, add_shape, fail, grid_from_flags, json_line, result_table
 
 PROG = "dilcompile profile"
 
@@ -22,7 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, help="timed calls per point, at most (default 20)")
     p.add_argument("--max-time", type=float, help="seconds of timed work per point, at most (default 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
+    p.add_argument("--json", action="store_true",
+                   help="also print the rows as one JSON line (NaN and infinities as null)")
     p.add_argument("--list-variants", action="store_true", help="list the registered variants and exit")
     add_db(p)
     p.set_defaults(func=run)
@@ -80,7 +80,7 @@ def run(args) -> int:
         return 130
     print(result_table(rows))
     if args.json:
-        print(json.dumps({"profile": rows}, default=str))
+        print(json_line({"profile": rows}))
     bad = sum(r["status"] != "ok" for r in rows)
     if bad:
         print(f"{bad} of {len(rows)} points did not run (status oom/error in the store)", file=sys.stderr)

@@ -25,14 +25,16 @@ DuckDB's settings (SET, RESET, PRAGMA threads=...). --allow-files lifts all
 but the first.
 
 The table and csv formats show control characters in stored text as escapes
-(\\x1b, \\n, ...); json escapes them as JSON does."""
+(\\x1b, \\n, ...); json escapes them as JSON does, and writes NaN and
+infinite numbers as null (JSON has no such numbers)."""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("query", help="run SQL on the run store (tables: runs, telemetry, measurements, sweeps)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sql", help='e.g. "SELECT variant, seq_len, latency_ms FROM runs"')
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="table (default), csv, or json: one object per row, NaN and infinities as null")
     p.add_argument("--allow-files", action="store_true",
                    help="let the statement reach beyond the store, as this user: read and write files "
                         "(read_csv, read_parquet, read_text, glob, COPY ... TO, EXPORT DATABASE), ATTACH other "
@@ -58,7 +60,7 @@ def run(args) -> int:
         return fail(PROG, f"the SQL holds {len(statements)} statements; run one per call (or join them with UNION "
                     "ALL)", USAGE_ERROR)
     try:
-        names, rows = query(args.db, args.sql, sandbox=not args.allow_files)
+        names, rows = query(args.db, args.sql, sandbox=not args.allow_files, extensions=args.allow_files)
     except StoreError as exc:
         return fail(PROG, str(exc), RUNTIME_ERROR)
     except duckdb.Error as exc:

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import random
+import stat
 import time
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def _duckdb():
 # so the query cannot SET its way out. The dashboard's SQL page
 # (dashboard/sqlrun.py) opens its snapshot with the same settings, spelled out
 # there: its worker process imports duckdb alone (dilcompile would bring torch).
-SANDBOX = {"enable_external_access": False, "autoload_known_extensions": False,
-           "autoinstall_known_extensions": False, "temp_directory": ""}
+# Every store connection opens without extensions: DuckDB hands a file it does not
+# own (a SQLite database) to an extension, which it would download.
+NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+SANDBOX = {"enable_external_access": False, **NO_EXTENSIONS, "temp_directory": ""}
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -64,7 +67,8 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
     """Open the store, retrying while another process holds a conflicting lock.
 
     A writable connection creates the file (and its folder) if needed and
-    migrates the schema in place to the latest version. Keep connections
+    migrates the schema in place to the latest version; a DuckDB file that
+    is neither new nor a dilcompile store is refused. Keep connections
     short-lived (see the module docstring); use ``with connect(...) as con``.
     ``path=":memory:"`` gives a scratch store. ``sandbox`` (read-only only):
     the connection reaches nothing but the store (:data:`SANDBOX`).
@@ -75,32 +79,74 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
         raise ValueError("sandbox=True needs read_only=True: a sandboxed connection only reads the store")
     if not path:  # DuckDB would open a scratch in-memory database: every row written would be lost
         raise StoreError("the store path is empty; pass --db with a file, e.g. --db runs/dilcompile.duckdb")
-    if path != ":memory:":
-        p = Path(path)
-        if p.is_dir():  # DuckDB reports it as an unreadable file, which read as a damaged store
-            raise StoreError(f"{path} is a folder; pass a file in it, e.g. --db {path.rstrip('/')}/dilcompile.duckdb")
-        if read_only and not p.exists():
-            raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
-        if not read_only:
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot create the folder for {path}: {exc.strerror}; "
-                                 "pass --db with a writable path") from exc
-            target = p if p.exists() else p.parent
-            if not os.access(target, os.W_OK):
-                raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
-    created = not read_only and path != ":memory:" and not Path(path).exists()
+    created = [] if path == ":memory:" else _check_path(path, read_only)
     try:
-        return _connect(duckdb, path, read_only, timeout, SANDBOX if sandbox else {})
+        return _connect(duckdb, path, read_only, timeout, sandbox)
     except BaseException as exc:
-        if created:  # never leave the empty or half-written file of a store that could not be made
-            for leftover in (path, f"{path}.wal"):
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
+        for leftover in created:  # never leave the empty or half-written file of a store that could not be made
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         if is_disk_full(exc):
             raise disk_full(path) from exc
         raise
+
+
+# What DuckDB must not be handed as a store: it blocks reading a pipe (forever,
+# if nothing writes), and reads a device as a damaged file.
+_NOT_FILES = {stat.S_IFIFO: "pipe (FIFO)", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+              stat.S_IFSOCK: "socket"}
+# Files DuckDB recognises by their first bytes and hands to an extension (downloading
+# it, or opening a Parquet file as a scratch in-memory database where rows vanish).
+_FORMATS = {b"SQLite format 3\0": "a SQLite database", b"PAR1": "a Parquet file"}
+
+
+def _check_path(path: str, read_only: bool) -> list[str]:
+    """Refuse in one line a path DuckDB must not open as the store, and make the
+    folder a new store needs. Returns the files opening it will create: the only
+    ones a failed open may remove (a link, a file that was there, is never ours)."""
+    wal = f"{path}.wal"
+    found = _stat(path)  # follows a symlink; None for a dangling one, whose target is created
+    for name, st in ((path, found), (wal, _stat(wal))):
+        if st is not None and stat.S_ISDIR(st.st_mode):  # DuckDB reports it as unreadable: read as damaged
+            raise StoreError(f"{name} is a folder; pass a file in it, e.g. --db {name.rstrip('/')}/dilcompile.duckdb")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            kind = _NOT_FILES.get(stat.S_IFMT(st.st_mode), "special file")
+            raise StoreError(f"{name} is a {kind}, not a file; pass --db with a DuckDB file "
+                             "(copy a store to a file first to read it)")
+    if found is not None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(16)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror}; pass --db with a readable file") from exc
+        kind = next((what for magic, what in _FORMATS.items() if head.startswith(magic)), None)
+        if kind:
+            raise StoreError(f"{path} is not a DuckDB run store (it is {kind}); pass --db with a dilcompile store "
+                             "(a new file name makes one)")
+    if read_only:
+        if found is None:
+            raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
+        return []
+    target = os.path.realpath(path)  # where DuckDB writes: a symlink's target
+    try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the folder for {path}: {exc.strerror}; "
+                         "pass --db with a writable path") from exc
+    if not os.access(target if found else Path(target).parent, os.W_OK):
+        raise StoreError(f"cannot write {path}: permission denied; pass --db with a writable path")
+    return [name for name in (target, wal) if not os.path.lexists(name)]
+
+
+def _stat(path: str):
+    """``os.stat(path)``, None if nothing is there; a name the file system refuses
+    (too long, a loop of links, a file used as a folder) in one line."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"cannot use {path}: {exc.strerror}; pass --db with another path") from exc
 
 
 def disk_full(path) -> StoreError:
@@ -118,9 +164,10 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def _connect(duckdb, path: str, read_only: bool, timeout: float, settings: dict):
+def _connect(duckdb, path: str, read_only: bool, timeout: float, sandbox: bool):
     deadline = time.monotonic() + timeout
     delay = 0.02
+    settings = SANDBOX if sandbox else NO_EXTENSIONS
     config = {**settings, "storage_compatibility_version": STORAGE_COMPATIBILITY}
     while True:
         try:
@@ -145,7 +192,7 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float, settings: dict)
                 raise damaged(path, exc) from exc
             raise
     try:
-        if settings:
+        if sandbox:
             con.execute("SET lock_configuration = true")
         if not read_only:
             migrate(con)
@@ -153,17 +200,27 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float, settings: dict)
             raise StoreError(f"{path} has schema version newer than this dilcompile ({SCHEMA_VERSION}); "
                              "upgrade dilcompile")
     except duckdb.Error as exc:  # the header opened but the catalog or schema blocks do not read
-        con.close()
+        _close_untouched(duckdb, con, read_only)
         raise damaged(path, exc) from exc
     except (RuntimeError, ValueError) as exc:  # a newer or foreign schema version: say so, without a traceback
-        con.close()
+        _close_untouched(duckdb, con, read_only)
         if isinstance(exc, StoreError):
             raise
         raise StoreError(f"{path}: {exc}") from exc
     except BaseException:
-        con.close()
+        _close_untouched(duckdb, con, read_only)
         raise
     return con
+
+
+def _close_untouched(duckdb, con, read_only: bool) -> None:
+    """Close a connection the store was refused on without writing the file: a
+    writable one checkpoints its write-ahead log into the file on closing
+    (another program's pending changes, replayed when it opened)."""
+    if not read_only:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("PRAGMA disable_checkpoint_on_shutdown")
+    con.close()
 
 
 def is_damage(exc: BaseException) -> bool:
@@ -199,13 +256,21 @@ def check_readable(con, path) -> None:
         raise damaged(path, exc) from exc
 
 
-def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0, sandbox: bool = False):
+def query(path: str | os.PathLike, sql: str, params=None, timeout: float = 30.0, sandbox: bool = False,
+          extensions: bool = False):
     """Run ``sql`` on a short read-only connection. Returns (column names, rows).
     ``sandbox``: ``sql`` reaches the store alone (no files, no network, no SET;
-    for SQL someone else wrote). A bad or refused query raises DuckDB's error;
-    a file DuckDB cannot read, :class:`StoreDamaged`."""
+    for SQL someone else wrote). ``extensions``: once the store is open, ``sql``
+    may load DuckDB's known extensions as it needs them, downloading them if
+    missing (``dilcompile query --allow-files``). A bad or refused query raises
+    DuckDB's error; a file DuckDB cannot read, :class:`StoreDamaged`."""
     duckdb = _duckdb()
+    if sandbox and extensions:
+        raise ValueError("extensions=True needs sandbox=False: a sandboxed query loads no extension")
     with contextlib.closing(connect(path, read_only=True, timeout=timeout, sandbox=sandbox)) as con:
+        if extensions:
+            for setting in NO_EXTENSIONS:
+                con.execute(f"SET {setting} = true")
         try:
             cur = con.execute(sql, params or [])
             names = [d[0] for d in cur.description] if cur.description else []

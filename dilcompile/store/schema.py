@@ -132,6 +132,17 @@ TABLES = ("sweeps", "measurements", "telemetry")
 _HERE = "database_name = current_database()"
 
 
+# Everything a file can hold, tables and views by name, the rest by kind and name:
+# a file with any of it (sequences, macros, enum types alone) belongs to another program.
+_OBJECTS = f"""
+SELECT table_name FROM duckdb_tables() WHERE {_HERE}
+UNION ALL SELECT view_name FROM duckdb_views() WHERE {_HERE} AND NOT internal
+UNION ALL SELECT 'sequence ' || sequence_name FROM duckdb_sequences() WHERE {_HERE}
+UNION ALL SELECT 'macro ' || function_name FROM duckdb_functions() WHERE {_HERE} AND NOT internal
+UNION ALL SELECT 'type ' || type_name FROM duckdb_types() WHERE {_HERE} AND NOT internal
+UNION ALL SELECT 'schema ' || schema_name FROM duckdb_schemas() WHERE {_HERE} AND NOT internal"""
+
+
 def file_version(con) -> int:
     """Schema version of an open store; 0 for a file without ``schema_meta``:
     an empty one, or another program's (read as is; :func:`migrate` refuses it).
@@ -166,12 +177,13 @@ def migrate(con, target: int | None = None) -> int:
     if current == target:
         return current
     if current == 0:  # only an empty file becomes a store: never add our tables to another program's
-        objects = sorted(r[0] for r in con.execute(
-            f"SELECT table_name FROM duckdb_tables() WHERE {_HERE} "
-            f"UNION SELECT view_name FROM duckdb_views() WHERE {_HERE} AND NOT internal").fetchall())
+        objects = sorted(r[0] for r in con.execute(_OBJECTS).fetchall())
         if objects:
             shown = ", ".join(objects[:3]) + (", ..." if len(objects) > 3 else "")
             raise _foreign(f"it holds {shown} but no dilcompile schema_meta table")
+        blocks = con.execute(f"SELECT total_blocks FROM pragma_database_size() WHERE {_HERE}").fetchone()
+        if blocks and blocks[0]:  # written once (what it held since dropped, or of a kind not listed above)
+            raise _foreign("it has been written to but holds no dilcompile schema_meta table")
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(_META)
