@@ -306,3 +306,16 @@ def test_impl_and_layout_are_sweep_axes(tmp_path):
                            ({"variant": "sdpa", "layout": "zigzag"}, "layout must be one of packed")):
         with pytest.raises(ValueError, match=message):
             from_dict({"defaults": doc["defaults"], "grid": [entry]}, "cpu")
+
+
+def test_cli_impl_flag_sweeps_implementations(tmp_path, capsys):
+    db = tmp_path / "runs.duckdb"
+    argv = ["profile", "--variant", "dilated", "--seq-len", "32", "--heads", "2", "--head-dim", "8", "--segments",
+            "8", "16", "--rates", "1", "2", "--warmup", "0", "--repeats", "1", "--no-progress", "--device", "cpu"]
+    assert main([*argv, "--impl", "sdpa", "--impl", "reference", "--db", str(db)]) == 0
+    assert sorted(store.query(db, "SELECT impl FROM runs")[1]) == [("reference",), ("sdpa",)]
+    capsys.readouterr()
+    assert main([*argv, "--impl", "flash", "--db", str(tmp_path / "unused.duckdb")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "takes impl auto | sdpa | triton | reference, got 'flash'" in line
+    assert not (tmp_path / "unused.duckdb").exists()

@@ -17,6 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sweep", metavar="NAME|FILE",
                    help=f"a standard sweep by name ({', '.join(standard_sweeps())}) or a TOML sweep file")
     add_shape(p)
+    p.add_argument("--impl", action="append", metavar="NAME",
+                   help="repeatable: the variants' implementation (default auto): dilated sdpa/triton/reference, "
+                        "an sdpa backend flash/cudnn/efficient/math, block-sparse gather/flex/reference")
     p.add_argument("--warmup", type=int, help="untimed calls per point (default 2, or the sweep file's)")
     p.add_argument("--repeats", type=int, help="timed calls per point, at most (default 20)")
     p.add_argument("--max-time", type=float, help="seconds of timed work per point, at most (default 2)")
@@ -35,13 +38,13 @@ def build_spec(args):
 
     device = str(resolve_device(args.device))
     if args.sweep:
-        if args.variant or args.seq_len:
-            raise ValueError("give either --sweep NAME|FILE or --variant/--seq-len flags, not both")
+        if args.variant or args.seq_len or args.impl:
+            raise ValueError("give either --sweep NAME|FILE or --variant/--seq-len/--impl flags, not both")
         spec = load(args.sweep, device, tag=args.tag)
     else:
         if not args.variant or not args.seq_len:
             raise ValueError("give --sweep NAME|FILE (e.g. --sweep quick), or at least one --variant and one --seq-len")
-        doc = {"name": "adhoc", "grid": [grid_from_flags(args, args.seq_len)]}
+        doc = {"name": "adhoc", "grid": [{**grid_from_flags(args, args.seq_len), "impl": args.impl or "auto"}]}
         spec = from_dict(doc, device, tag=args.tag)
     overrides = {k: v for k, v in (("warmup", args.warmup), ("repeats", args.repeats), ("max_time_s", args.max_time))
                  if v is not None}
