@@ -117,11 +117,14 @@ MAX_TRACES = 150
 MAX_POINTS = 10_000
 
 
-def drawable(points: pd.DataFrame, facet: str | None, max_traces: int = MAX_TRACES,
-             max_points: int = MAX_POINTS) -> tuple[pd.DataFrame, str]:
+def drawable(points: pd.DataFrame, facet: str | None, max_traces: int | None = None,
+             max_points: int | None = None) -> tuple[pd.DataFrame, str]:
     """The part of ``points`` the figures draw, and a sentence saying what was left
     out ("" when nothing was): lines in legend order, each panel's points by N,
-    up to ``max_traces`` traces and ``max_points`` points."""
+    up to ``max_traces`` traces and ``max_points`` points (default: ``MAX_TRACES``,
+    ``MAX_POINTS``)."""
+    max_traces = MAX_TRACES if max_traces is None else max_traces
+    max_points = MAX_POINTS if max_points is None else max_points
     if points.empty:
         return points, ""
     order = pd.DataFrame({"line": line_labels(points, facet),

@@ -176,3 +176,64 @@ def test_damaged_store_names_the_file_and_shows_the_reference_runs(sweep_db, ref
     info = at.info[0].value
     assert "reference runs" in info and f"{db} is damaged" in info and "move it aside" in info
     assert {m.label: m.value for m in at.metric}["runs"] == "12"
+
+
+def _imported(sweep_db, tmp_path, *statements) -> str:
+    """A copy of the sweep store changed as an imported one can be."""
+    import shutil
+
+    import duckdb
+
+    db = str(tmp_path / "imported.duckdb")
+    shutil.copy(sweep_db, db)
+    with duckdb.connect(db) as con:
+        for sql in statements:
+            con.execute(sql)
+    return db
+
+
+@pytest.mark.parametrize("change", [
+    ["UPDATE measurements SET latency_ms = NULL WHERE variant = 'sdpa'"],  # KeyError: 'sdpa'
+    ["UPDATE measurements SET seq_len = NULL WHERE variant = 'sdpa'"],  # KeyError: 'sdpa'
+    ["UPDATE measurements SET latency_ms = 0 WHERE variant = 'sdpa'",  # ValueError: Encountered all NA values
+     "DELETE FROM measurements WHERE variant = 'dilated' AND seq_len = 48"],
+], ids=["null-latency", "null-seq-len", "zero-latency-alone"])
+def test_compare_on_an_imported_store_with_a_baseline_without_latency(sweep_db, dashboard_env, tmp_path, change):
+    dashboard_env(_imported(sweep_db, tmp_path, *change))
+    at = _page("compare")
+    assert at.selectbox(key="cmp_baseline").value == "sdpa"
+    assert "has no latency" in at.info[0].value and not at.dataframe
+    at.selectbox(key="cmp_baseline").set_value("dilated").run()
+    assert not at.exception and not at.info
+    table = at.dataframe[0].value
+    assert len(table) >= 2 and (table["dilated"] == 1.0).all()
+    assert "sdpa" not in table and set(table["fastest"]) == {"dilated"}  # its runs are no points: no column
+
+
+def test_overview_pass_options_are_code_spans(sweep_db, dashboard_env, tmp_path):
+    """Radio options are Markdown: the image was fetched by the browser (test_browser_markup)."""
+    bait = "![p](http://pass.invalid/pass.png)"
+    dashboard_env(_imported(sweep_db, tmp_path, f"UPDATE measurements SET pass = '{bait}' WHERE seq_len = 48"))
+    at = _page("overview")
+    radio = at.radio(key="overview_pass")
+    assert radio.options == [f"`{bait}`", "`fwd`"] and radio.value == bait
+    radio.set_value("fwd").run()
+    assert not at.exception and set(at.dataframe[0].value["pass"]) == {"fwd"}
+
+
+def test_pages_bound_what_they_draw_and_say_so(sweep_db, dashboard_env, monkeypatch):
+    from dashboard import figures, ui
+
+    monkeypatch.setattr(ui, "MAX_ROWS", 3)
+    monkeypatch.setattr(figures, "MAX_TRACES", 2)
+    dashboard_env(sweep_db)
+    at = _page("overview")
+    assert [len(t.value) for t in at.dataframe] == [3, 3]
+    notes = [c.value for c in at.caption if c.value.startswith("Showing the first")]
+    assert notes == ["Showing the first 3 of 4 leaderboard rows: narrow the selection, or query them all on the "
+                     "SQL page.", "Showing the first 3 of 8 points of this sweep: narrow the selection, or query "
+                     "them all on the SQL page."]
+    at = _page("compare")
+    assert any(c.value.startswith("The figures draw 4 of 8 points (2 of ") for c in at.caption), \
+        [c.value for c in at.caption]
+    assert len(at.dataframe[0].value) == 3
