@@ -290,16 +290,11 @@ def _agreement_line(name: str, mode: str, a: dict, impl_names: list[str]) -> str
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-
-    def fail(message: str) -> int:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
-
-    device = torch.device(args.device)
-    causal = args.causal
+    device, causal = torch.device(args.device), args.causal
     makers = _baselines(args, causal)
     if isinstance(makers, str):
-        return fail(makers)
+        print(f"{PROG}: error: {makers}", file=sys.stderr)
+        return 2
     cfg = dict(PRESETS["quick" if args.quick else args.preset or ("longnet" if device.type == "cuda" else "cpu")])
     cfg["seq_lens"] = args.seq_lens or cfg["seq_lens"]
     rounds = args.rounds or cfg["rounds"]

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from dilcompile.cli._bench import parser
+from dilcompile.cli._util import render
 from dilcompile.dilated.geometry import plan_parts
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.plan import plan_exchange
@@ -239,16 +240,12 @@ def main() -> None:
                     except StoreError as exc:  # rows rescued (the message says where); the ranks go on in step
                         store_error, writer = exc, None
     if rank == 0:
-        head = (f"{'variant':<22} {'impl':<10} {'pass':<8} {'P':>3} {'N':>7} {'L':>6} {'latency ms':>10} "
-                f"{'comm KiB':>9} {'held KiB':>9} {'all-gather KiB':>14}  fwd KiB by branch (w/r)")
-        print(head)
-        print("-" * len(head))
-        for r in rows:
-            print(f"{r['variant']:<22} {r['impl']:<10} {r['pass']:<8} {r['world_size']:>3} {r['seq_len']:>7} "
-                  f"{r['local_seq_len']:>6} {r['latency_ms']:>10.2f} {r['comm_bytes'] / 1024:>9.0f} "
-                  f"{r['held_kv_bytes'] / 1024:>9.0f} {r['allgather_kv_bytes'] / 1024:>14.0f}  "
-                  + " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
-                      r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values())))
+        print(render(["variant", "impl", "pass", "P", "N", "L", "latency ms", "comm KiB", "held KiB", "all-gather KiB",
+                      "fwd KiB by branch (w/r)"],
+                     [[r["variant"], r["impl"], r["pass"], r["world_size"], r["seq_len"], r["local_seq_len"],
+                       r["latency_ms"], r["comm_bytes"] / 1024, r["held_kv_bytes"] / 1024,
+                       r["allgather_kv_bytes"] / 1024, " ".join(f"{x / 1024:.0f}({w}/{q})" for x, w, q in zip(
+                           r["comm_bytes_fwd_by_branch"], *json.loads(r["config"]).values()))] for r in rows]))
         print(json.dumps(rows))
     if writer is not None:
         try:
