@@ -69,10 +69,14 @@ print(json.dumps(results))
 
 
 def test_a_pipe_as_db_is_one_line_not_a_hang(tmp_path):
-    """`--db <(cat store.duckdb)`: DuckDB blocked reading the pipe forever (nothing writes this one)."""
-    fifo = tmp_path / "fifo"
+    """`--db <(cat store.duckdb)`: DuckDB blocked reading the pipe forever (nothing writes this one);
+    a pipe where the store's write-ahead log goes, the same."""
+    fifo, db = tmp_path / "fifo", tmp_path / "runs.duckdb"
     os.mkfifo(fifo)
-    argvs = [[*argv, "--db", str(fifo)] for argv in _commands(tmp_path).values()]
+    store.connect(db).close()
+    os.mkfifo(f"{db}.wal")
+    commands = list(_commands(tmp_path).values())
+    argvs = [[*argv, "--db", str(fifo)] for argv in commands] + [[*argv, "--db", str(db)] for argv in commands]
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argvs)], cwd=ROOT, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -82,7 +86,10 @@ def test_a_pipe_as_db_is_one_line_not_a_hang(tmp_path):
     for argv, (rc, err) in zip(argvs, json.loads(done.stdout)):
         last = err.strip().splitlines()[-1]
         assert rc == 1 and "Traceback" not in err, (argv, err)
-        assert f"{fifo} is a pipe (FIFO), not a file; pass --db with a DuckDB file" in last, (argv, err)
+        if argv[-1] == str(fifo):
+            assert f"{fifo} is a pipe (FIFO), not a file; pass --db with a DuckDB file" in last, (argv, err)
+        else:
+            assert f"{db}.wal, where DuckDB keeps the store's write-ahead log, is a pipe (FIFO)" in last, (argv, err)
 
 
 @pytest.mark.parametrize("command", ["query", "runs export", "runs import", "profile"])
@@ -121,13 +128,14 @@ def test_a_store_that_cannot_be_made_through_a_symlink_removes_what_it_created(t
 
     def full(path, *args, **kwargs):
         real(path, *args, **kwargs).close()
+        Path(f"{target}.wal").write_bytes(b"")  # DuckDB logs beside the link's target
         raise duckdb.IOException(f'Could not write file "{path}": No space left on device')
 
     export = _export(tmp_path)
     monkeypatch.setattr(duckdb, "connect", full)
     err = _one_line(capsys, ["runs", "import", export, "--db", str(link)])
     assert "no space left on its disk" in err
-    assert link.is_symlink() and not target.exists() and not Path(f"{link}.wal").exists()
+    assert link.is_symlink() and not target.exists() and not Path(f"{target}.wal").exists()
 
 
 # Another program's DuckDB file without a table or a view: counted as empty, it got our five tables.

@@ -104,15 +104,19 @@ def _check_path(path: str, read_only: bool) -> list[str]:
     """Refuse in one line a path DuckDB must not open as the store, and make the
     folder a new store needs. Returns the files opening it will create: the only
     ones a failed open may remove (a link, a file that was there, is never ours)."""
-    wal = f"{path}.wal"
+    target = os.path.realpath(path)  # where DuckDB writes: a symlink's target, its log beside it
+    wal = f"{target}.wal"
     found = _stat(path)  # follows a symlink; None for a dangling one, whose target is created
     for name, st in ((path, found), (wal, _stat(wal))):
-        if st is not None and stat.S_ISDIR(st.st_mode):  # DuckDB reports it as unreadable: read as damaged
-            raise StoreError(f"{name} is a folder; pass a file in it, e.g. --db {name.rstrip('/')}/dilcompile.duckdb")
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            kind = _NOT_FILES.get(stat.S_IFMT(st.st_mode), "special file")
-            raise StoreError(f"{name} is a {kind}, not a file; pass --db with a DuckDB file "
-                             "(copy a store to a file first to read it)")
+        if st is None or stat.S_ISREG(st.st_mode):
+            continue
+        kind = "folder" if stat.S_ISDIR(st.st_mode) else _NOT_FILES.get(stat.S_IFMT(st.st_mode), "special file")
+        if name == wal:  # DuckDB reads it on opening the store
+            raise StoreError(f"{wal}, where DuckDB keeps the store's write-ahead log, is a {kind}; move it aside")
+        if kind == "folder":  # DuckDB reports it as unreadable: read as damaged
+            raise StoreError(f"{path} is a folder; pass a file in it, e.g. --db {path.rstrip('/')}/dilcompile.duckdb")
+        raise StoreError(f"{path} is a {kind}, not a file; pass --db with a DuckDB file "
+                         "(copy a store to a file first to read it)")
     if found is not None:
         try:
             with open(path, "rb") as f:
@@ -127,7 +131,6 @@ def _check_path(path: str, read_only: bool) -> list[str]:
         if found is None:
             raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
         return []
-    target = os.path.realpath(path)  # where DuckDB writes: a symlink's target
     try:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
