@@ -252,3 +252,14 @@ def test_query_json_writes_non_finite_numbers_as_null(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["query", "--help"])
     assert "NaN and infinities as null" in " ".join(capsys.readouterr().out.split())
+
+
+def test_dashboard_with_a_name_too_long_is_one_line(tmp_path, capsys, monkeypatch):
+    def no_server(*args):
+        raise AssertionError("the dashboard server started")
+
+    monkeypatch.setattr(os, "execve", no_server)
+    db = tmp_path / ("a" * 300 + ".duckdb")  # the page's first read raised OSError: File name too long
+    assert main(["dashboard", "--db", str(db), "--port", "8599"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"dilcompile dashboard: error: cannot use {db}: File name too long; pass --db with another path"

@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+from ..store import StoreError
+from ..store.connection import stat_path
 from ._util import RUNTIME_ERROR, USAGE_ERROR, add_db, fail
 
 PROG = "dilcompile dashboard"
@@ -98,6 +100,10 @@ def _bind_error(address: str, port: int) -> OSError | None:
 def run(args) -> int:
     if not 1 <= args.port <= 65535:
         return fail(PROG, f"--port must be in 1..65535, got {args.port}", USAGE_ERROR)
+    try:  # no store yet is fine (the reference runs show); a name the file system refuses broke the page
+        stat_path(args.db)
+    except StoreError as exc:
+        return fail(PROG, str(exc), RUNTIME_ERROR)
     app = app_path()
     if not app.exists():
         return fail(PROG, f"the dashboard app is missing ({app}); reinstall dilcompile (pip install "

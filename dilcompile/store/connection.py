@@ -106,8 +106,8 @@ def _check_path(path: str, read_only: bool) -> list[str]:
     ones a failed open may remove (a link, a file that was there, is never ours)."""
     target = os.path.realpath(path)  # where DuckDB writes: a symlink's target, its log beside it
     wal = f"{target}.wal"
-    found = _stat(path)  # follows a symlink; None for a dangling one, whose target is created
-    for name, st in ((path, found), (wal, _stat(wal))):
+    found = stat_path(path)  # follows a symlink; None for a dangling one, whose target is created
+    for name, st in ((path, found), (wal, stat_path(wal))):
         if st is None or stat.S_ISREG(st.st_mode):
             continue
         kind = "folder" if stat.S_ISDIR(st.st_mode) else _NOT_FILES.get(stat.S_IFMT(st.st_mode), "special file")
@@ -141,9 +141,9 @@ def _check_path(path: str, read_only: bool) -> list[str]:
     return [name for name in (target, wal) if not os.path.lexists(name)]
 
 
-def _stat(path: str):
+def stat_path(path: str):
     """``os.stat(path)``, None if nothing is there; a name the file system refuses
-    (too long, a loop of links, a file used as a folder) in one line."""
+    (too long, a loop of links, a file used as a folder): :class:`StoreError`, one line."""
     try:
         return os.stat(path)
     except FileNotFoundError:
