@@ -52,7 +52,6 @@ from dilcompile.dilated.geometry import plan_parts
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import split_sizes
-from dilcompile.profile import Point
 from dilcompile.profile.env import device_name
 from dilcompile.profile.record import Recorder, timing_columns
 from dilcompile.profile.runner import run_script
@@ -129,15 +128,12 @@ def timed(fn, iters: int, warmup: int, device) -> list[float]:
     return worst.tolist()
 
 
-def store_row(row: dict, warmup: int) -> tuple[dict, Point]:
-    """A bench row as a ``measurements`` row and its point: timings, world_size/comm_bytes;
-    ring extras folded into ``config``."""
-    point = Point(row["variant"], row["seq_len"], row["batch"], row["heads"], row["head_dim"], row["dtype"],
-                  row["causal"], row["pass"], device=row["device_kind"])
+def store_row(row: dict, warmup: int) -> dict:
+    """A bench row as a ``measurements`` row: the ring extras folded into ``config``
+    (torch version and host are the sweep's columns)."""
     config = {**json.loads(row["config"]), **{k: row[k] for k in CONFIG_EXTRAS}}
-    return {"impl": row["impl"], "mode": row["mode"], "config": json.dumps(config), "warmup": warmup,
-            **{k: row[k] for k in ("repeats", "latency_ms", "latency_p20_ms", "latency_p80_ms", "latency_min_ms",
-                                   "tokens_per_s", "world_size", "comm_bytes", "status")}}, point
+    return {k: v for k, v in row.items() if k not in (*CONFIG_EXTRAS, "torch_version", "hostname")} | {
+        "config": json.dumps(config), "warmup": warmup}
 
 
 def leave() -> None:
@@ -235,8 +231,7 @@ def main() -> None:
                 })
                 if writer is not None:  # committed as soon as measured
                     try:
-                        row, point = store_row(rows[-1], args.warmup)
-                        rows[-1]["run_id"] = writer.write(row, point=point)["run_id"]
+                        rows[-1]["run_id"] = writer.write(store_row(rows[-1], args.warmup))["run_id"]
                     except StoreError as exc:  # rows rescued (the message says where); the ranks go on in step
                         store_error, writer = exc, None
     if rank == 0:

@@ -2,9 +2,13 @@
 piece by piece into an fp32 accumulator with flash per piece (the earlier
 path), one merge kernel with flash, one merge kernel with cuDNN (the path
 now); dense cuDNN attention as the yardstick where it fits. LongNet
-configuration, B = 1, H = 16, D = 128, bf16 (docs/performance.md).
+configuration, B = 1, H = 16, D = 128, bf16 (docs/performance.md). Each
+path's best round (profile/measure's Timer, ``--repeats`` calls a round) is a
+run store row: variant ``dilated``, impl ``sdpa/per-piece-flash``,
+``sdpa/merge-flash`` or ``sdpa/merge-cudnn``, η against the dense row
+(variant ``sdpa``, impl ``cudnn``); then a table.
 
-    python scripts/bench_sdpa_merge.py > rows.jsonl      # on a GPU: one JSON line per (N, path)
+    python scripts/bench_sdpa_merge.py [--seq-lens 16384 65536 1048576] [--db runs/dilcompile.duckdb]   # a GPU
 """
 
 from __future__ import annotations
@@ -20,29 +24,21 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from dilcompile import dilated_attention  # noqa: E402
+from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
 from dilcompile.dilated.geometry import nnz, plan_parts  # noqa: E402
 from dilcompile.dilated.impl import sdpa as impl  # noqa: E402  (its merge switch is a module global)
 from dilcompile.kernels import attention as kernels  # noqa: E402  (so is the cuDNN refusal set)
+from dilcompile.profile.measure import Timer  # noqa: E402
+from dilcompile.profile.record import timing_columns  # noqa: E402
 from dilcompile.profile.runner import run_script  # noqa: E402
+from dilcompile.store import DEFAULT_DB  # noqa: E402
 
+PROG = "bench_sdpa_merge"
 SEGMENTS, RATES = (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8, 16)
 HEADS, DIM = 16, 128
 PATHS = ("per-piece merge, flash", "one merge, flash", "one merge, cudnn")
-SIZES = ((16384, 10, 3), (65536, 10, 3), (1 << 20, 3, 2))  # N, timed calls, interleaved rounds
-
-
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+IMPLS = dict(zip(PATHS, ("sdpa/per-piece-flash", "sdpa/merge-flash", "sdpa/merge-cudnn")))  # the rows' impl
 
 
 def _use(path: str, one_merge) -> None:
@@ -53,13 +49,19 @@ def _use(path: str, one_merge) -> None:
                                        for outer in (False, True)})
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    args = parser(PROG, __doc__, seq_lens=[16384, 65536, 1 << 20], repeats=10, rounds=3, tag=None,
+                  db=DEFAULT_DB).parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_sdpa_merge: needs a CUDA GPU", file=sys.stderr)
+        print(f"{PROG}: needs a CUDA GPU", file=sys.stderr)
         return 2
-    one_merge = impl.merges_in_one_kernel
-    useful_per_pair = 4 * DIM
-    for n, reps, rounds in SIZES:
+    recorder = open_store(PROG, args.db, vars(args), "cuda", tag=args.tag)
+    if recorder is None:
+        return 1
+    one_merge, timer, table = impl.merges_in_one_kernel, Timer(recorder.device), []
+    base = {"pass": "fwd", "dtype": "bfloat16", "batch": 1, "heads": HEADS, "head_dim": DIM, "causal": False,
+            "compiled": False, "status": "ok"}
+    for n in args.seq_lens:
         q, k, v = (torch.randn(1, HEADS, n, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
         def call():
@@ -72,24 +74,34 @@ def main() -> int:
         dense = None
         if n <= 131072:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                dense = useful_per_pair * n * n * HEADS / _median_ms(lambda: F.scaled_dot_product_attention(q, k, v),
-                                                                     reps) / 1e9
+                F.scaled_dot_product_attention(q, k, v)  # warm-up: cuDNN builds its plan on the first call
+                timing = timer.time(lambda: F.scaled_dot_product_attention(q, k, v), args.repeats)
+            dense = recorder.write(base | {"variant": "sdpa", "impl": "cudnn", "seq_len": n, "config": "{}",
+                                          **timing_columns(timing, n, 4.0 * DIM * n * n * HEADS)})
         best = {}
-        for _ in range(rounds):
+        for _ in range(args.rounds):  # interleaved; each path's best round is kept
             for path in PATHS:
                 _use(path, one_merge)
-                best[path] = min(best.get(path, float("inf")), _median_ms(call, reps))
-        useful = useful_per_pair * nnz(plan_parts(HEADS, SEGMENTS, RATES, "longnet"), HEADS, n, False)
+                timing = timer.time(call, args.repeats)
+                best[path] = min(best.get(path, timing), timing, key=lambda t: t.median_ms)
+        useful = 4.0 * DIM * nnz(plan_parts(HEADS, SEGMENTS, RATES, "longnet"), HEADS, n, False)
         for path in PATHS:
             diff = (outs[path].float() - outs[PATHS[0]].float()).abs().max().item()
-            print(json.dumps(dict(n=n, variant=path, ms=best[path], tflops=useful / best[path] / 1e9,
-                                  tokens_per_s=n / best[path] * 1e3, dense_cudnn_tflops=dense,
-                                  max_diff_vs_first=diff, device=torch.cuda.get_device_name())), flush=True)
+            cols = timing_columns(best[path], n, useful)
+            row = recorder.write(base | {"variant": "dilated", "impl": IMPLS[path], "mode": "longnet", "seq_len": n,
+                                         "config": json.dumps({"segments": SEGMENTS, "rates": RATES, "rounds":
+                                                               args.rounds, "max_diff_vs_per_piece": diff}),
+                                         "efficiency": dense and cols["useful_tflops"] / dense["useful_tflops"],
+                                         **cols})
+            table.append([n, IMPLS[path], row["latency_ms"], row["useful_tflops"], row["efficiency"], diff])
         del q, k, v, outs
         torch.cuda.empty_cache()
     _use(PATHS[2], one_merge)
+    if close_store(PROG, recorder):
+        return 1
+    print(render(["N", "impl", "ms", "TFLOP/s", "η vs dense cuDNN", "max |Δ| vs per-piece"], table))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_sdpa_merge"))
+    sys.exit(run_script(main, PROG))
