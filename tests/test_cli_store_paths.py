@@ -209,7 +209,10 @@ def test_a_sqlite_or_parquet_file_is_not_a_store_and_nothing_is_downloaded(tmp_p
             con.execute(f"COPY (SELECT 1 AS x) TO '{db}' (FORMAT parquet)")
     before = _files(folder)
     err = _one_line(capsys, [*_commands(tmp_path)[command], "--db", str(db)])
-    assert f"{db} is not a DuckDB run store (it is a {kind}); pass --db with a dilcompile store" in err
+    shown = f"a {kind}"
+    if (command, kind) == ("query", "SQLite database"):  # sandboxed: extensions refused before DuckDB names one
+        shown = "a file DuckDB opens only through an extension"
+    assert f"{db} is not a DuckDB run store (it is {shown}" in err and "pass --db with a dilcompile store" in err
     assert list(home.iterdir()) == []  # no ~/.duckdb/extensions: nothing was downloaded
     assert _files(folder) == before
 
@@ -263,3 +266,16 @@ def test_dashboard_with_a_name_too_long_is_one_line(tmp_path, capsys, monkeypatc
     assert main(["dashboard", "--db", str(db), "--port", "8599"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"dilcompile dashboard: error: cannot use {db}: File name too long; pass --db with another path"
+
+
+def test_checking_the_path_keeps_duckdbs_lock_of_this_process(tmp_path, capsys):
+    """Closing any descriptor of a file drops the process's POSIX locks on it: a check that
+    opened the store (to read its first bytes) let another process write it under a sweep."""
+    db = tmp_path / "runs.duckdb"
+    with contextlib.closing(store.connect(db)):
+        assert main(["runs", "import", _export(tmp_path), "--db", str(db)]) == 0
+        assert main(["query", "SELECT 1", "--db", str(db)]) == 1  # DuckDB: not read-only beside a writer
+        capsys.readouterr()
+        other = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()",
+                                str(db)], capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "Could not set lock" in other.stderr, other.stderr

@@ -95,15 +95,14 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
 # if nothing writes), and reads a device as a damaged file.
 _NOT_FILES = {stat.S_IFIFO: "pipe (FIFO)", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
               stat.S_IFSOCK: "socket"}
-# Files DuckDB recognises by their first bytes and hands to an extension (downloading
-# it, or opening a Parquet file as a scratch in-memory database where rows vanish).
-_FORMATS = {b"SQLite format 3\0": "a SQLite database", b"PAR1": "a Parquet file"}
 
 
 def _check_path(path: str, read_only: bool) -> list[str]:
     """Refuse in one line a path DuckDB must not open as the store, and make the
     folder a new store needs. Returns the files opening it will create: the only
-    ones a failed open may remove (a link, a file that was there, is never ours)."""
+    ones a failed open may remove (a link, a file that was there, is never ours).
+    Never opens the file: closing any descriptor of it drops the POSIX locks
+    DuckDB holds on it for this process (another process could then write it)."""
     target = os.path.realpath(path)  # where DuckDB writes: a symlink's target, its log beside it
     wal = f"{target}.wal"
     found = stat_path(path)  # follows a symlink; None for a dangling one, whose target is created
@@ -117,16 +116,6 @@ def _check_path(path: str, read_only: bool) -> list[str]:
             raise StoreError(f"{path} is a folder; pass a file in it, e.g. --db {path.rstrip('/')}/dilcompile.duckdb")
         raise StoreError(f"{path} is a {kind}, not a file; pass --db with a DuckDB file "
                          "(copy a store to a file first to read it)")
-    if found is not None:
-        try:
-            with open(path, "rb") as f:
-                head = f.read(16)
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror}; pass --db with a readable file") from exc
-        kind = next((what for magic, what in _FORMATS.items() if head.startswith(magic)), None)
-        if kind:
-            raise StoreError(f"{path} is not a DuckDB run store (it is {kind}); pass --db with a dilcompile store "
-                             "(a new file name makes one)")
     if read_only:
         if found is None:
             raise StoreError(f"no run store at {path}; record runs first with `dilcompile profile --db {path}`")
@@ -177,10 +166,14 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float, sandbox: bool):
             con = duckdb.connect(path, read_only=read_only, config=config)
             break
         except (duckdb.InvalidInputException, duckdb.CatalogException) as exc:
+            if "in-memory database" in str(exc):  # read-only, DuckDB opened it as a Parquet file (below)
+                raise _not_a_store(path, "a Parquet file") from exc
             if "storage_compatibility_version" not in str(exc) or config == settings:
                 raise
             config = dict(settings)  # a DuckDB older than the setting writes an old format anyway
         except duckdb.IOException as exc:
+            if _extension_format(exc, path):
+                raise _not_a_store(path, _extension_format(exc, path)) from exc
             if not _is_lock_error(exc):
                 if "not a valid DuckDB database" in str(exc) or "Could not read" in str(exc):
                     raise damaged(path, exc) from exc
@@ -191,10 +184,18 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float, sandbox: bool):
             time.sleep(delay * (0.5 + random.random()))  # jitter: two waiters don't retry in lock-step
             delay = min(delay * 2, 0.5)
         except duckdb.Error as exc:
+            if _extension_format(exc, path):  # a sandbox refuses extensions before naming the one needed
+                raise _not_a_store(path, _extension_format(exc, path)) from exc
             if is_damage(exc) and _about_the_store(exc, path):
                 raise damaged(path, exc) from exc
             raise
     try:
+        # A *.parquet file holding Parquet opens as an in-memory database with a view of
+        # it, where every row written would vanish.
+        scratch = con.execute("SELECT path IS NULL FROM duckdb_databases() "
+                              "WHERE database_name = current_database()").fetchone()[0]
+        if scratch and path != ":memory:":
+            raise _not_a_store(path, "a Parquet file")
         if sandbox:
             con.execute("SET lock_configuration = true")
         if not read_only:
@@ -214,6 +215,23 @@ def _connect(duckdb, path: str, read_only: bool, timeout: float, sandbox: bool):
         _close_untouched(duckdb, con, read_only)
         raise
     return con
+
+
+def _extension_format(exc: BaseException, path: str) -> str | None:
+    """What DuckDB took the file for when opening it needed an extension (they are
+    off: DuckDB recognises a SQLite file and would download sqlite_scanner for it)."""
+    text = str(exc).replace(path, "")
+    if "sqlite" in text.lower():
+        return "a SQLite database"
+    if "extension" in text.lower():
+        return "a file DuckDB opens only through an extension, such as a SQLite database"
+    return None
+
+
+def _not_a_store(path: str, kind: str) -> StoreError:
+    """The error for a file DuckDB opens as something else than a database."""
+    return StoreError(f"{path} is not a DuckDB run store (it is {kind}); pass --db with a dilcompile store "
+                      "(a new file name makes one)")
 
 
 def _close_untouched(duckdb, con, read_only: bool) -> None:
