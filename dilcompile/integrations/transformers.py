@@ -41,7 +41,13 @@ slots (``hf_sequences.slot_codes``) and the attention rotates the written
 slots to the end of the key axis, one graph for every decode step.
 Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
-(set the config's attention dropout to 0, or call ``model.eval()``).
+(set the config's attention dropout to 0, or call ``model.eval()``). An
+``is_causal`` keyword overrides ``module.is_causal``, as in transformers'
+sdpa (CLIP's text encoder is causal only through it). Every other keyword a
+model passes is either read (packing), without effect on the result, or
+refused when set, naming the module and the keyword: soft-capping, attention
+sinks, position bias, sparse-attention indices, sliding windows,
+``output_attentions=True`` (``HONOURED``, ``INERT``, ``REFUSED``).
 """
 
 from __future__ import annotations
@@ -105,6 +111,53 @@ def _windowed(config) -> bool:
     return sliding or getattr(config, "attention_chunk_size", None) is not None
 
 
+# Every keyword transformers' models pass their attention function besides query, key, value and
+# attention_mask (tests/test_hf_keywords.py walks the installed transformers' model files and fails on
+# one missing here). HONOURED are read as transformers' sdpa_attention_forward reads them (is_causal
+# over module.is_causal); INERT cannot change our result; REFUSED are refused when set.
+HONOURED = ("dropout", "scaling", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k", "position_ids")
+INERT = {
+    "max_length_q": "the longest packed query sequence, implied by cu_seq_lens_q",
+    "max_length_k": "the longest packed key sequence, implied by cu_seq_lens_k",
+    "num_items_in_batch": "read by the loss",
+    "output_hidden_states": "read by the model",
+    "output_router_logits": "read by the model's mixture-of-experts layers",
+    "seq_idx": "packed rows for state-space layers; attention layers read cu_seq_lens_* / position_ids, as sdpa",
+}
+REFUSED = {  # keyword → (what it asks of the attention, the way out)
+    "softcap": ("attention-logit soft-capping (Gemma 2-style attn_logit_softcapping)", "attn_implementation='eager'"),
+    "s_aux": ("attention sinks (GPT-OSS-style s_aux, a learned logit in every softmax row)",
+              "attn_implementation='eager'"),
+    "sinks": ("attention sinks (a sink logit in every softmax row)", "attn_implementation='eager'"),
+    "position_bias": ("an additive position bias on every score (T5-style relative attention)",
+                      "attn_implementation='sdpa'"),
+    "indices": ("the keys a sparse-attention indexer chose per query (DeepSeek-style sparse attention)",
+                "attn_implementation='eager'"),
+    "block_indices": ("the key blocks a sparse-attention indexer chose per query", "attn_implementation='eager'"),
+    "sliding_window": ("a sliding attention window", "attn_implementation='sdpa'"),
+    "output_attentions": ("the attention probabilities (output_attentions=True)",
+                          "attn_implementation='eager', or output_attentions=False"),
+    "deterministic": ("a run-to-run reproducible backward (flash-attention's deterministic mode), which a tuned "
+                      "backward adding dq atomically does not give", "deterministic_flash_attn=False"),
+}
+
+
+def _keywords(module, kwargs: dict) -> bool:
+    """Refuse a set keyword of ``REFUSED`` (not None, False or 0), naming the
+    module (its model family) and the keyword; → whether the attention is
+    causal: the ``is_causal`` keyword where given (CLIP's text encoder passes
+    True while its modules say False), else ``module.is_causal``."""
+    for name, (what, way_out) in REFUSED.items():
+        value = kwargs.get(name)
+        if value is None or (isinstance(value, (bool, int, float)) and not value):
+            continue
+        shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
+        raise ValueError(f"{type(module).__name__} passes {name}={shown}: {what}, which dilcompile attention does "
+                         f"not compute; use {way_out}")
+    causal = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if causal is None else causal)
+
+
 def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
     """AttentionMaskInterface entry. Returns what the attention needs: the
@@ -145,9 +198,9 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
     return attention_mask
 
 
-def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float, repeat: bool = True):
-    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v and
-    causal; ``repeat=False`` leaves grouped key/value heads unrepeated."""
+def _inputs(query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float, repeat: bool = True):
+    """HF's (B, H, N, D) query and (B, Hkv, N, D) key/value → our q, k, v;
+    ``repeat=False`` leaves grouped key/value heads unrepeated."""
     if dropout:
         raise ValueError(f"dilcompile attention takes no attention-probability dropout (got {dropout}); set the "
                          "config's attention dropout to 0.0 (attention_dropout, or attention_probs_dropout_prob "
@@ -162,7 +215,7 @@ def _inputs(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, d
         raise ValueError(f"query has {query.shape[1]} heads, not a multiple of the {key.shape[1]} key/value heads")
     if groups > 1 and repeat:  # grouped-query attention: kv head j serves query heads [j·groups, (j+1)·groups)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    return query, key, value, bool(getattr(module, "is_causal", True))
+    return query, key, value
 
 
 def _constant_scale(q: Tensor, scaling) -> tuple[Tensor, float | None]:
@@ -184,9 +237,10 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
     A static cache's decode step (one query per row) reads only the keys
     ``keys_of(position, slots, heads, causal)`` lists, ``decode`` being
     (keys_of, divisor of the output) (``hf_sequences.decode_step``)."""
+    causal = _keywords(module, kwargs)
     static = attention_mask is not None and attention_mask.dtype == torch.uint8  # a static cache's slot codes
     if static and query.shape[2] == 1:
-        q, _, _, causal = _inputs(module, query, key, value, None, dropout, repeat=False)
+        q, _, _ = _inputs(query, key, value, None, dropout, repeat=False)
         q, scale = _constant_scale(q, scaling)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         keys_of, divisor = decode
@@ -196,7 +250,7 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
     if static:
         key, value, pads = hf_sequences.cache_order(key, value, attention_mask)  # before GQA's repeat: less to move
         attention_mask = ~pads  # now a padding mask like any other, the queries at the end of the keys
-    q, k, v, causal = _inputs(module, query, key, value, attention_mask, dropout)
+    q, k, v = _inputs(query, key, value, attention_mask, dropout)
     q, scale = _constant_scale(q, scaling)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     is_padding = attention_mask is not None and attention_mask.dtype == torch.bool
