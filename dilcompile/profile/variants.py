@@ -126,8 +126,6 @@ SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
 @register("sdpa", "dense F.scaled_dot_product_attention (the η baseline); impl: torch's choice or one backend",
           impls=("auto", *SDPA_BACKENDS))
 def _sdpa(point: Point, arg: str) -> Built:
-    import contextlib
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     causal = point.causal
@@ -135,8 +133,14 @@ def _sdpa(point: Point, arg: str) -> Built:
                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}.get(point.impl)
 
     def fn(q, k, v):
-        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    if backend is not None:  # one backend pinned; "auto" stays the bare call a compiled sweep has always traced
+        dense = fn
+
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                return dense(q, k, v)
 
     return Built(fn, _qkv(point, point.pass_ == "fwd_bwd"), _flops(point, dense_nnz(point.heads, point.seq_len, causal)),
                  impl="sdpa" if backend is None else point.impl, mode=None, config={}, key=("sdpa", causal, point.impl))
