@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -77,6 +78,13 @@ def test_a_pipe_as_db_is_one_line_not_a_hang(tmp_path):
     os.mkfifo(f"{db}.wal")
     commands = list(_commands(tmp_path).values())
     argvs = [[*argv, "--db", str(fifo)] for argv in commands] + [[*argv, "--db", str(db)] for argv in commands]
+    piped = {}  # an import folder whose Parquet file is a pipe
+    for table in ("measurements", "telemetry"):
+        piped[table] = tmp_path / f"piped-{table}"
+        shutil.copytree(_export(tmp_path), piped[table])
+        (piped[table] / f"{table}.parquet").unlink(missing_ok=True)
+        os.mkfifo(piped[table] / f"{table}.parquet")
+        argvs.append(["runs", "import", str(piped[table]), "--db", str(tmp_path / "new.duckdb")])
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argvs)], cwd=ROOT, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -88,6 +96,9 @@ def test_a_pipe_as_db_is_one_line_not_a_hang(tmp_path):
         assert rc == 1 and "Traceback" not in err, (argv, err)
         if argv[-1] == str(fifo):
             assert f"{fifo} is a pipe (FIFO), not a file; pass --db with a DuckDB file" in last, (argv, err)
+        elif argv[2].startswith(str(tmp_path / "piped-")):
+            table = argv[2].rpartition("piped-")[2]
+            assert f"{piped[table] / table}.parquet is not a file; pass folders written by" in last, (argv, err)
         else:
             assert f"{db}.wal, where DuckDB keeps the store's write-ahead log, is a pipe (FIFO)" in last, (argv, err)
 

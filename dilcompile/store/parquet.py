@@ -58,6 +58,9 @@ def _check_folder(con, in_dir: Path) -> dict[str, str]:
     if not in_dir.is_dir():
         raise StoreError(f"{in_dir} is not a folder; pass folders written by `dilcompile runs export`")
     files = {t: in_dir / f"{t}.parquet" for t in TABLES}
+    for f in files.values():
+        if f.exists() and not f.is_file():  # DuckDB would block reading a pipe for good
+            raise StoreError(f"{f} is not a file; pass folders written by `dilcompile runs export`")
     if not files["measurements"].exists():
         raise StoreError(f"{in_dir} has no measurements.parquet; pass a folder written by `dilcompile runs export`")
     src = {t: _quote(f) for t, f in files.items() if f.exists()}
