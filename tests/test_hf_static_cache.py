@@ -5,10 +5,11 @@ included; the compiled decode step is one graph over every step.
 
 A static cache hands the attention its whole ``max_cache_len`` buffer with
 the queries in the middle and unwritten slots after them; the mask function
-describes the slots (``hf_sequences.slot_codes``) and the attention rotates
-the written slots to the end of the key axis (``hf_sequences.cache_order``),
-where the padded path places its queries (docs/design.md, "Variable-length
-batches"; docs/serving.md)."""
+describes the slots (``hf_sequences.slot_codes``). A decode step (one query
+per row) gathers the keys it attends straight out of the cache
+(``hf_sequences.decode_step``); a prefill rotates the written slots to the
+end of the key axis (``hf_sequences.cache_order``), where the padded path
+places its queries (docs/design.md, "Variable-length batches"; docs/serving.md)."""
 
 import importlib
 
@@ -137,3 +138,60 @@ def test_ops_that_read_values_on_the_host_are_kept_out_of_cuda_graphs(name):
                    "block_sparse.impl.reference"):  # importing a module registers its ops
         importlib.import_module(f"dilcompile.{module}")
     assert torch.Tag.cudagraph_unsafe in getattr(torch.ops.dilcompile, name).default.tags
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batch, seed", [(1, 0), (5, 1), (8, 2)])
+def test_static_cache_decode_of_random_left_paddings_equals_dynamic_cache(impl, batch, seed):
+    """Batch 1 to 8, random prompt lengths (left pads from none to most of a row), GQA 6/2 heads, float64:
+    every step's logits equal to rounding, tokens equal."""
+    model = _llama(impl)
+    prompts = [_tokens(seed * 100 + i, n) for i, n in enumerate(_lengths(seed, batch, 2, 21))]
+    ids, mask = _padded(prompts, "left")
+    dynamic = model.generate(ids, attention_mask=mask, **GREEDY)
+    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **GREEDY)
+    _assert_same_generation(static, dynamic, atol=1e-10)
+
+
+@pytest.mark.parametrize("impl, settings", [
+    ("dilcompile_dilated", {"segment_lengths": [512], "dilation_rates": [1]}),
+    ("dilcompile_block_sparse", {"pattern": "local_window(window=512)", "block_size": 4})])
+def test_static_cache_decode_at_a_dense_configuration_equals_sdpa(impl, settings):
+    """One segment covering the cache at rate 1, a window covering it: the decode step attends every key
+    once, sdpa's attention — its tokens and logits (float64)."""
+    ids, mask = _prompts(3)
+    kw = dict(attention_mask=mask, cache_implementation="static", **GREEDY)
+    sdpa = _llama("sdpa").generate(ids, **kw)
+    model = _llama(impl)
+    configure(model, **settings)
+    _assert_same_generation(model.generate(ids, **kw), sdpa, atol=1e-10)
+
+
+_GRAPHS = []  # recorded by _record: transformers deep-copies its compile config, backend included
+
+
+def _record(gm, example_inputs, **options):
+    """A torch.compile backend that keeps each graph's call targets and runs the graph as traced."""
+    _GRAPHS.append([node.target for node in gm.graph.nodes if node.op == "call_function"])
+    return gm.forward
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("padded", [True, False])
+def test_compiled_decode_step_is_plain_tensor_ops(impl, padded):
+    """The decode graph (padded rows, and one unpadded row: no per-row path) holds no custom op — gathers,
+    products, a softmax Inductor can fuse, nothing a CUDA graph cannot capture — and reads the cache
+    with no rotation (no index_select over its slots)."""
+    model = _small_llama(impl)
+    ids, mask = _prompts(7) if padded else (_tokens(5, 9)[None], torch.ones(1, 9, dtype=torch.long))
+    _GRAPHS.clear()
+    torch._dynamo.reset()
+    config = CompileConfig(fullgraph=True, backend=_record)
+    config._compile_all_devices = True
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, cache_implementation="static", compile_config=config, **GREEDY)
+    assert len(_GRAPHS) == 1, len(_GRAPHS)
+    targets = _GRAPHS[0]
+    ops = [t for t in targets if isinstance(t, torch._ops.OpOverloadPacket | torch._ops.OpOverload)]
+    assert not [t for t in ops if "dilcompile" in str(t)], ops
+    assert torch.index_select not in targets and torch.Tensor.index_select not in targets
