@@ -290,3 +290,19 @@ def test_checking_the_path_keeps_duckdbs_lock_of_this_process(tmp_path, capsys):
         other = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()",
                                 str(db)], capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "Could not set lock" in other.stderr, other.stderr
+
+
+def test_a_store_another_process_made_meanwhile_is_not_removed(tmp_path, monkeypatch):
+    """No file at the check; another sweep creates it and holds it past the timeout: it is theirs."""
+    db = tmp_path / "runs.duckdb"
+    real = duckdb.connect
+
+    def made_and_held_elsewhere(path, *args, **kwargs):
+        if not db.exists():
+            real(path).close()
+        raise duckdb.IOException(f'IO Error: Could not set lock on file "{path}": Conflicting lock is held')
+
+    monkeypatch.setattr(duckdb, "connect", made_and_held_elsewhere)
+    with pytest.raises(store.StoreLocked):
+        store.connect(db, timeout=0.1)
+    assert db.is_file()  # was unlinked as "the file it created"

@@ -44,6 +44,10 @@ def _duckdb():
     return duckdb
 
 
+# Every store connection opens without extensions: DuckDB hands a file it does not
+# own (a SQLite database) to an extension, which it would download.
+NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+
 # A sandboxed connection reaches the store and nothing else: DuckDB refuses file
 # and network access (read_text, read_parquet, glob, COPY, EXPORT, ATTACH) and
 # extensions; no temp directory, since DuckDB allows its own <db>.tmp/ folder
@@ -51,9 +55,6 @@ def _duckdb():
 # so the query cannot SET its way out. The dashboard's SQL page
 # (dashboard/sqlrun.py) opens its snapshot with the same settings, spelled out
 # there: its worker process imports duckdb alone (dilcompile would bring torch).
-# Every store connection opens without extensions: DuckDB hands a file it does not
-# own (a SQLite database) to an extension, which it would download.
-NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 SANDBOX = {"enable_external_access": False, **NO_EXTENSIONS, "temp_directory": ""}
 
 
@@ -83,7 +84,9 @@ def connect(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, timeo
     try:
         return _connect(duckdb, path, read_only, timeout, sandbox)
     except BaseException as exc:
-        for leftover in created:  # never leave the empty or half-written file of a store that could not be made
+        # Never leave the empty or half-written file of a store that could not be made; but a
+        # lock means another process made the file meanwhile and holds it: it is theirs.
+        for leftover in [] if isinstance(exc, StoreLocked) else created:
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
         if is_disk_full(exc):
