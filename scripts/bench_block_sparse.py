@@ -115,8 +115,8 @@ def summarise(rounds: list[list[dict]], specs_by_n: dict[int, list[str]], args) 
                 pattern = from_spec(spec)
                 flops = next((r["useful_flops"] for r in ok if r.get("useful_flops")), None)
                 density = flops / dense["useful_flops"] * dense_density if flops and dense else None
-                lists = (causal_of(pattern) if args.causal else pattern).with_heads(args.heads).block_lists(args.heads,
-                                                                                                              n)
+                pattern = (causal_of(pattern) if args.causal else pattern).with_heads(args.heads)
+                lists = pattern.block_lists(args.heads, n)
                 table.append([n, pass_, spec, rs[-1].get("impl") if rs else None,
                               _median([r["latency_ms"] for r in ok]), density,
                               float(lists.num.double().mean()) / lists.num.shape[1],
