@@ -306,3 +306,20 @@ def test_a_store_another_process_made_meanwhile_is_not_removed(tmp_path, monkeyp
     with pytest.raises(store.StoreLocked):
         store.connect(db, timeout=0.1)
     assert db.is_file()  # was unlinked as "the file it created"
+
+
+def test_profile_json_writes_non_finite_numbers_as_null(tmp_path, capsys, monkeypatch):
+    import dilcompile.profile
+
+    def sweep(spec, db, progress, on_row):  # a point whose baseline failed: η is not a number
+        on_row({"variant": "sdpa", "status": "ok", "latency_ms": 1.5, "efficiency": float("nan"),
+                "tokens_per_s": float("inf")})
+
+    monkeypatch.setattr(dilcompile.profile, "run_sweep", sweep)
+    assert main([*PROFILE, "--json", "--db", str(tmp_path / "runs.duckdb")]) == 0
+
+    def strict(name):
+        raise ValueError(f"not JSON: {name}")
+
+    row, = json.loads(capsys.readouterr().out.splitlines()[-1], parse_constant=strict)["profile"]
+    assert row["efficiency"] is None and row["tokens_per_s"] is None and row["latency_ms"] == 1.5
