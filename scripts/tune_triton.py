@@ -1,6 +1,6 @@
 """Time the fused dilated Triton kernels under other tile / walk / warp / stage
-choices on this GPU: the evidence behind ``dilated/work.py``'s ``tile_cap``,
-``tile_shape`` and ``launch_shape`` (docs/gpu.md, "Tile choice").
+choices on this GPU: the evidence behind ``dilated/work.py``'s ``CONFIGS``
+(docs/gpu.md, "Tile choice").
 
     python scripts/tune_triton.py --out runs/tiles.jsonl           # on a GPU
     python scripts/tune_triton.py --dims 128 --n 65536 --rounds 2
@@ -36,7 +36,8 @@ from dilcompile.profile.runner import run_script  # noqa: E402
 SEGMENTS, RATES = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]  # --rehearse shrinks them
 
 # (owned tile, walk, warps, stages[, whole]) per kernel and head dim, whole = walk the blocks every row sees
-# whole without building masks (SPLIT, forward and dq; default off): the launcher's current choice is added to each
+# whole without building masks (FULL_BLOCKS, forward and dq; default off; dk/dv: ATOMIC_DQ): the launcher's
+# current choice is added to each
 CANDIDATES = {
     128: {"fwd": [(128, 64, 8, 3), (128, 64, 8, 3, True), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 128, 8, 2),
                   (128, 32, 8, 3), (64, 64, 4, 3)],
@@ -65,7 +66,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     """A function that runs ``kernel`` over every branch with ``config`` (None:
     the launcher's own choice) into fresh fp32 buffers and returns them."""
     from dilcompile.dilated.impl import triton as launcher
-    from dilcompile.dilated.work import branch_tile, branches
+    from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, launch_flags
     from dilcompile.kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 
     q = t["q"]
@@ -73,22 +74,21 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     offsets = launcher._offset_table(heads, list(SEGMENTS), list(RATES), "longnet", q.device)
     keep = q.new_empty(1, dtype=torch.int8)
     segments = launcher._no_segment_table(q)  # one sequence: the kernels compute their segments
-    flags = dict(HAS_KEEP=False, VARLEN=False, CAUSAL=False, PREC=launcher._precision(q.dtype))
     covers = launcher.first_branch_covers_all(SEGMENTS, RATES, "longnet")  # as the launcher: branch 0 writes
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
-    def meta(w, r):
+    def meta(i, w, r):
         if config is None:
-            tile = branch_tile(w, r, n, dim, False, q.dtype.itemsize, arch, kernel)
-            return tile, launcher._launch(kernel, tile, dim, q.dtype, arch)
-        owned, walk, warps, stages, *whole = config
-        blocks = dict(BLOCK_M=walk, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walk)
-        flag = bool(whole and whole[0])  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too
-        variant = dict(ATOMIC_DQ=flag) if kernel == "dkdv" else dict(SPLIT=flag)
-        return owned, dict(blocks, BLOCK_D=launcher.block_d(dim), num_warps=warps, num_stages=stages, **variant)
+            chosen = kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, False, q.dtype, arch, kernel))
+        else:  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too
+            owned, walk, warps, stages, *whole = config
+            flag = {"atomic_dq" if kernel == "dkdv" else "full_blocks": bool(whole and whole[0])}
+            chosen = KernelConfig(owned, walk, warps, stages, **flag, source="scripts/tune_triton.py candidate")
+        return chosen.tile, launch_flags(kernel, chosen, dim, q.dtype, branch=i, covers=covers, causal=False,
+                                         has_keep=False, varlen=False, interpreting=launcher.interpreting())
 
-    plans = [(i, w, r, *meta(w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
+    plans = [(i, w, r, *meta(i, w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 
     def run():
         outs = [torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if kernel == "dkdv"
@@ -98,10 +98,9 @@ def _launcher(kernel: str, config, t: dict, dim: int):
             grid = (launcher._programs(w, r, n, tile), heads)
             common = (keep, offsets, segments, i, heads, n, dim, w, r, dim ** -0.5)
             if kernel == "fwd":
-                fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **flags, FIRST=covers and i == 0, **m)
+                fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **m)
             else:
-                fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **flags,
-                         FIRST=covers and i == 0, **m)
+                fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **m)
         return outs
 
     return run

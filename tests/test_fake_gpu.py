@@ -71,18 +71,19 @@ try:
         elif case == "triton-outputs":  # what Inductor's analysis of each kernel takes for an output
             from torch._higher_order_ops import triton_kernel_wrap as wrap
             from dilcompile.kernels import triton_dilated as kernels
+            from dilcompile.testing.gpu_compile import Config, launch_flags
             analyse = getattr(wrap, "identify_accessed_tensors", None) or wrap.identify_mutated_tensors
             args = {name: cuda(1, 4, 512, 64) for name in ("Q", "K", "V", "DO")}
             args |= {name: cuda(1, 4, 512, 64, dtype=torch.float32) for name in ("O", "DQ", "DK", "DV")}
             args |= {name: cuda(1, 4, 512, dtype=torch.float32) for name in ("LSE", "DELTA")}
             args |= dict(KEEP=cuda(1, dtype=torch.int8), OFFSETS=cuda(2, 4, dtype=torch.int32),
-                         SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125,
-                         CAUSAL=True, PREC=0, FIRST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
+                         SEGS=cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125)
             written = {}
-            for flags in (dict(HAS_KEEP=True, VARLEN=True, SPLIT=False, ATOMIC_DQ=False),
-                          dict(HAS_KEEP=False, VARLEN=False, SPLIT=True, ATOMIC_DQ=False)):
+            for variant in (dict(has_keep=True, varlen=True), dict(has_keep=False, varlen=False, candidate=True)):
                 for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):  # what any flag set writes
                     fn = getattr(kernels, name)
+                    flags = launch_flags(Config(name, "bf16", 64, 64, 90, True, **variant))
+                    flags = {key: flags[key] for key in fn.arg_names if key in flags}  # not warps, stages
                     result = analyse(fn, {arg: (args | flags)[arg] for arg in fn.arg_names}, {})
                     writes = result.read_writes.writes if hasattr(result, "read_writes") else result
                     written[name] = sorted(set(written.get(name, [])) | {getattr(dep, "name", dep) for dep in writes})
@@ -189,7 +190,7 @@ def test_inductor_takes_only_the_accumulators_for_the_kernels_outputs():
     # the stores); its copies of the "mutated" row views then read past a buffer: compiled LongNet at
     # N = 65536 differed from eager by 0.2 on an H100 (docs/compiler.md, "User Triton kernels").
     written = _compile("triton-outputs", result_key="written")
-    assert written == {"_fwd_kernel": ["LSE", "O"], "_dq_kernel": ["DQ"], "_dkdv_kernel": ["DK", "DV"]}
+    assert written == {"_fwd_kernel": ["LSE", "O"], "_dq_kernel": ["DQ"], "_dkdv_kernel": ["DK", "DQ", "DV"]}  # DQ: ATOMIC_DQ
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

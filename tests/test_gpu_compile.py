@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dilcompile.dilated.work import timed_config  # noqa: E402
+from dilcompile.dilated.work import kernel_config  # noqa: E402
 from dilcompile.testing.gpu_compile import DTYPES, HEAD_DIMS, KERNELS, SHARED_LIMIT, Config, tiles_for  # noqa: E402
 
 _SCRIPT = """
@@ -62,7 +62,7 @@ def _configs() -> list[Config]:
                     out.append(Config(kernel, dtype, d, tiles[0], 90, varlen=True))
                 if d in (64, 128) and dtype == "bf16":  # the candidates: whole blocks unmasked, dq by atomics
                     tile = 64 if kernel == "_dkdv_kernel" else tiles[0]  # 128 spilled 692 B with the atomics
-                    out.append(Config(kernel, dtype, d, tile, 90, False, False, split=True))
+                    out.append(Config(kernel, dtype, d, tile, 90, False, False, candidate=True))
     return out
 
 
@@ -79,9 +79,10 @@ def test_kernels_compile_for_the_gpu_within_budgets():
     for r in rows:
         half = r["dtype"] != "fp32"
         spill_budget = (0 if r["arch"] == 90 else 16) if half else 1024  # 16 B: a few words, in L1
-        timed = timed_config(r["head_dim"], 2 if half else 4, r["arch"], r["kernel"].strip("_").removesuffix("_kernel"))
-        if timed is not None and r["tile"] == timed[0]:
-            spill_budget = 512  # timed fastest on an H100 with these spills (work.HOPPER_HALF, docs/gpu.md)
+        chosen = kernel_config(r["kernel"].strip("_").removesuffix("_kernel"), {"fp16": "float16", "bf16": "bfloat16",
+                               "fp32": "float32"}[r["dtype"]], r["head_dim"], r["arch"], r["tile"])
+        if chosen.timed:
+            spill_budget = 512  # timed fastest on an H100 with these spills (work.CONFIGS, docs/gpu.md)
         found = [f"spills {r['spill']} B" for _ in [0] if r["spill"] > spill_budget] + \
             [f"shared {r['shared']} B" for _ in [0] if r["shared"] > SHARED_LIMIT[r["arch"]]] + \
             [f"{r['fp64']} fp64 instructions" for _ in [0] if r["fp64"] > (2 if r["typing"] == "inductor" else 0)]

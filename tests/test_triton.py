@@ -164,32 +164,53 @@ def test_first_branch_writes_every_row_of_unset_buffers(causal, masked, packed, 
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=f"d{name}")
 
 
+def _impl(q, k, v, grad, segments, rates, causal, mode, options, mask=None, cu=None, grad_lse=True):
+    """out, lse, dq, dk, dv of the launcher's functions with ``kernel_options`` (the
+    groups-mode 1/m not applied: the public function applies it)."""
+    from dilcompile.dilated.impl.triton import dilated_backward_triton, dilated_forward_triton
+
+    args = (list(segments), list(rates), mode, causal, q.shape[-1] ** -0.5, mask, cu)
+    out, lse = dilated_forward_triton(q, k, v, *args, kernel_options=options)
+    g_lse = lse.isfinite().float() if grad_lse else None
+    return (out, lse, *dilated_backward_triton(grad, g_lse, q, k, v, out, lse, *args, kernel_options=options))
+
+
+def _reference(q, k, v, mode, segments, **kw):
+    """The float64 reference before the groups-mode 1/m, as ``_impl`` returns it."""
+    out = dilated_attention(*(t.double() for t in (q, k, v)), impl="reference", mode=mode,
+                            segment_lengths=segments, **kw)
+    return out * (len(segments) if mode == "groups" else 1)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_whole_blocks_without_masks_equal_the_masked_walk(seed, monkeypatch):
-    # SPLIT (forward, dq): the key blocks every row of a tile sees whole are walked without building a
-    # mask, the rest with it — a tuning candidate, off until timed faster (work.whole_blocks). On
-    # random configurations (causal diagonals, short last segments, packed documents): equal to the
-    # masked walk bitwise (the same arithmetic where every key counts) and to the float64 reference.
-    from dilcompile.dilated.impl import triton as launcher
+def test_full_blocks_without_masks_equal_the_masked_walk(seed):
+    # FULL_BLOCKS (forward, dq): the key blocks every row of a tile sees whole are walked without
+    # building a mask, the rest with it — a tuning candidate, off until timed faster
+    # (work.KernelConfig.full_blocks), switched on here per call (kernel_options) at a random tile and
+    # walk. On random configurations (causal diagonals, short last segments, packed documents): equal
+    # to the masked walk bitwise (the same arithmetic where every key counts) and to the float64 reference.
+    from dilcompile.dilated.work import KernelConfig
 
     n, heads, segments, rates, causal, mode, _, batch, dim = _random_case(100 + seed)
-    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, requires_grad=True, seed=seed)
+    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, seed=seed)
     grad = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, return_lse=True)
+    cu = None
     if seed % 3 == 2:  # packed documents: segments from the device table
-        q, k, v = (t[:1] for t in (q, k, v))
-        grad = grad[:1]
-        kw["cu_seqlens"] = torch.tensor([0, n // 3, n // 3, n], dtype=torch.int32, device=DEVICE)
+        q, k, v, grad = (t[:1] for t in (q, k, v, grad))
+        cu = torch.tensor([0, n // 3, n // 3, n], dtype=torch.int32, device=DEVICE)
+    rng = random.Random(seed)
+    tile = rng.choice([16, 32, 64])
+    walk = rng.choice([t for t in (16, 32, 64) if t <= tile])
 
-    def run(whole):
-        monkeypatch.setattr(launcher, "whole_blocks", lambda *a, **kw: whole)
-        out, lse = dilated_attention(q, k, v, impl="triton", **kw)
-        return (out, lse, *torch.autograd.grad((out * grad).sum() + lse.nan_to_num(0, 0, 0).sum(), (q, k, v)))
+    def run(full):
+        config = KernelConfig(tile, walk, 4, 2, full_blocks=full)
+        options = {"fwd": config, "dq": config, "dkdv": KernelConfig(tile, walk, 4, 2)}
+        return _impl(q, k, v, grad, segments, rates, causal, mode, options, cu=cu)
 
     unmasked, masked = run(True), run(False)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), unmasked, masked):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
-    ref, _ = dilated_attention(*(t.detach().double() for t in (q, k, v)), impl="reference", **kw)
+    ref = _reference(q, k, v, mode, segments, dilation_rates=rates, causal=causal, cu_seqlens=cu)
     torch.testing.assert_close(unmasked[0].double(), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -197,24 +218,24 @@ def test_whole_blocks_without_masks_equal_the_masked_walk(seed, monkeypatch):
 def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeypatch):
     # ATOMIC_DQ: the dk/dv kernel also adds each key tile's dS K into dq and the dq kernel is not
     # launched (FlashAttention-2's backward) — a tuning candidate, off until timed faster
-    # (work.atomic_dq). The sum order differs from the dq kernel's: equal to fp32 rounding, and to the
-    # float64 reference; dk and dv bitwise.
+    # (work.KernelConfig.atomic_dq), switched on here per call (kernel_options). The sum order differs
+    # from the dq kernel's: equal to fp32 rounding, and to the float64 reference; dk and dv bitwise.
     from dilcompile.dilated.impl import triton as launcher
+    from dilcompile.dilated.work import KernelConfig
 
     n, heads, segments, rates, causal, mode, padded, batch, dim = _random_case(200 + seed)
-    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, requires_grad=True, seed=seed)
+    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, seed=seed)
     mask = (torch.rand(batch, n, generator=torch.Generator().manual_seed(seed)) < 0.3).to(DEVICE) if padded else None
-    kw = dict(segment_lengths=segments, dilation_rates=rates, causal=causal, mode=mode, key_mask=mask)
     grad = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     launched = []
     real = launcher.wrap_triton
     monkeypatch.setattr(launcher, "wrap_triton", lambda kernel: launched.append(kernel.__name__) or real(kernel))
+    tile = random.Random(seed).choice([16, 32, 64])
 
     def grads(atomic):
-        monkeypatch.setattr(launcher, "atomic_dq", lambda *a: atomic)
         launched.clear()
-        out = dilated_attention(q, k, v, impl="triton", **kw)
-        return torch.autograd.grad(out, (q, k, v), grad), set(launched)
+        options = {"dkdv": KernelConfig(tile, 16, 4, 2, atomic_dq=atomic)}
+        return _impl(q, k, v, grad, segments, rates, causal, mode, options, mask, grad_lse=False)[2:], set(launched)
 
     (dq, dk, dv), kernels = grads(True)
     (dq_plain, dk_plain, dv_plain), plain_kernels = grads(False)
@@ -222,6 +243,7 @@ def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeyp
     assert torch.equal(dk, dk_plain) and torch.equal(dv, dv_plain)
     torch.testing.assert_close(dq, dq_plain, rtol=1e-5, atol=1e-6)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want = torch.autograd.grad(dilated_attention(q64, k64, v64, impl="reference", **kw), (q64, k64, v64),
-                               grad.double())
+    out = _reference(q64, k64, v64, mode, segments, dilation_rates=rates, causal=causal, key_mask=mask)
+    want = torch.autograd.grad(out, (q64, k64, v64), grad.double())
     torch.testing.assert_close(dq.double(), want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dk.double(), want[1], rtol=1e-4, atol=1e-5)

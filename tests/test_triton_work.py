@@ -14,7 +14,8 @@ from dilcompile import dilated_attention
 from dilcompile.dilated.api import HAS_TRITON
 from dilcompile.dilated.geometry import multiplicity, nnz, plan_parts
 from dilcompile.dilated import work
-from dilcompile.dilated.work import MAX_WASTE, branch_tile, class_pairs, kernel_work, predict_ms, tile_shape
+from dilcompile.dilated.work import (MAX_WASTE, KernelConfig, branch_tile, class_pairs, kernel_config, kernel_work,
+                                     predict_ms)
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain, random_qkv
 
 pytestmark = [
@@ -47,7 +48,7 @@ def test_interpreter_dot_count_equals_closed_form(seed):
     useful = nnz(plan_parts(c["heads"], c["segments"], c["rates"], c["mode"]), c["heads"], c["n"], c["causal"])
     for kernel, name in NAMES.items():
         work = kernel_work(kernel, 1, c["heads"], c["n"], c["head_dim"], c["segments"], c["rates"], c["mode"],
-                           c["causal"], c["dtype"].itemsize)
+                           c["causal"], c["dtype"])
         assert counts[name] == work.flops, (kernel, c)
         assert work.useful_pairs == useful, (kernel, c)
     # the count is of the kernels that computed the right answer
@@ -77,10 +78,10 @@ LONGNET = [  # (N, segments, rates): the shapes LongNet and the harvest use, rat
 @pytest.mark.parametrize("mode", ["longnet", "groups"])
 def test_longnet_configs_issue_at_most_1_1_times_useful(n, segments, rates, causal, mode):
     useful = nnz(plan_parts(16, segments, rates, mode), 16, n, causal)
-    for head_dim, element_bytes in ((64, 2), (128, 2), (256, 2), (64, 4)):
+    for head_dim, dtype in ((64, "bfloat16"), (128, "bfloat16"), (256, "bfloat16"), (64, "float32")):
         for kernel in NAMES:
-            work = kernel_work(kernel, 1, 16, n, head_dim, segments, rates, mode, causal, element_bytes)
-            assert work.waste <= MAX_WASTE, (kernel, head_dim, element_bytes, work.waste)
+            work = kernel_work(kernel, 1, 16, n, head_dim, segments, rates, mode, causal, dtype)
+            assert work.waste <= MAX_WASTE, (kernel, head_dim, dtype, work.waste)
             assert work.useful_pairs == useful  # the closed form's useful pairs are the geometry's
 
 
@@ -101,14 +102,15 @@ def test_class_pairs_by_brute_force():
 
 
 def test_a_shorter_walk_issues_no_more_pairs():
-    # work.tile_shape: before Hopper the backward walks 32 rows where branch_tile's bound took the forward's 64
+    # the fallback: before Hopper the backward walks 32 rows where branch_tile's bound took the forward's 64
     rng = random.Random(1)
     for _ in range(300):
         n, tile, causal = rng.randint(1, 3000), rng.choice([64, 128]), rng.random() < 0.5
         for owner in ("query", "key"):
             assert class_pairs(n, causal, tile, 32, owner) <= class_pairs(n, causal, tile, 64, owner)
-    assert tile_shape(128, 64, 2, "dkdv", 80) == (128, 32) and tile_shape(128, 64, 2, "dkdv", 90) == (128, 64)
-    assert tile_shape(128, 64, 2, "fwd", 80) == (128, 64)
+    assert kernel_config("dkdv", "bfloat16", 64, 80, 128).walk == 32
+    assert kernel_config("dkdv", "bfloat16", 64, 90, 128).walk == 64
+    assert kernel_config("fwd", "bfloat16", 64, 80, 128).walk == 64
 
 
 def test_tile_rule():
@@ -118,7 +120,7 @@ def test_tile_rule():
     assert branch_tile(2048, 1, 65536, 128, causal=True, arch=80) == 64  # register cap before Hopper
     assert branch_tile(256, 1, 4096, 64, causal=True) == 16  # a 32-tile would waste 12%
     assert branch_tile(256, 1, 4096, 64, causal=False) == 128  # no diagonal: whole tiles
-    assert branch_tile(2048, 1, 65536, 64, causal=True, dtype_bytes=4) == 32  # fp32 cap
+    assert branch_tile(2048, 1, 65536, 64, causal=True, dtype="float32") == 32  # fp32 cap
     assert branch_tile(1 << 30, 1, 128, 64, causal=False) == 128  # N < w: the class is ⌈N / r⌉, not w
     assert branch_tile(1 << 30, 1, 100, 64, causal=False) == 16  # no tile pads 100 rows within 10%: the smallest
 
@@ -142,3 +144,90 @@ def test_prediction_is_a_roofline():
 ])
 def test_auto_takes_triton_only_where_it_was_measured_to_train_faster(arch, dtype_bytes, head_dim, training, want):
     assert work.auto_impl(arch, dtype_bytes, head_dim, training) == want
+
+
+# -- the configuration table -------------------------------------------------------------------------
+
+
+def test_the_table_names_the_run_behind_every_entry_and_the_fallback_says_it_is_one():
+    for (arch, kernel, dtype, lanes), config in work.CONFIGS.items():
+        assert config.timed and config.source.startswith("runs/h100-80gb-tune/"), (arch, kernel, dtype, lanes)
+        assert kernel_config(kernel, dtype, lanes, arch) is config
+    hopper = kernel_config("dq", "bfloat16", 128, 90)
+    assert (hopper.tile, hopper.walk, hopper.warps, hopper.stages) == (128, 64, 8, 3)
+    assert kernel_config("fwd", "float16", 100, 90).source.endswith("(timed at bf16; fp16: the same MMA)")
+    # an unknown GPU (a B200: sm_100) is not handed the H100's entries: it gets the fallback, saying so
+    blackwell = kernel_config("dq", "bfloat16", 128, 100)
+    assert not blackwell.timed and blackwell.source.startswith("fallback: nothing timed for sm_100 dq bfloat16")
+    assert (blackwell.tile, blackwell.walk) == (64, 32)
+    # an entry holds for its own tile: a smaller tile a branch picks gets the fallback's shape
+    assert not kernel_config("dq", "bfloat16", 128, 90, tile=32).timed
+    assert work.peaks_for("NVIDIA H100 80GB HBM3") is work.H100_SXM
+    assert work.peaks_for("NVIDIA H200") is work.H200
+    assert work.peaks_for("NVIDIA B200").name == "H100 SXM (assumed: no peaks for 'NVIDIA B200')"
+
+
+def test_the_first_launch_overwrites_only_where_every_row_is_written():
+    config = kernel_config("fwd", "float32", 32, 90)
+    flags = dict(covers=True, causal=True, has_keep=True, varlen=False, interpreting=True)
+    assert work.launch_flags("fwd", config, 32, "float32", branch=0, **flags)["OVERWRITE"]
+    assert not work.launch_flags("fwd", config, 32, "float32", branch=1, **flags)["OVERWRITE"]
+    assert not work.launch_flags("fwd", config, 32, "float32", branch=0, **(flags | dict(covers=False)))["OVERWRITE"]
+    dkdv = kernel_config("dkdv", "float32", 32, 90)  # a key mask leaves removed keys' dk, dv unwritten: add to 0
+    assert not work.launch_flags("dkdv", dkdv, 32, "float32", branch=0, **flags)["OVERWRITE"]
+    assert work.launch_flags("dkdv", dkdv, 32, "float32", branch=0, **(flags | dict(has_keep=False)))["OVERWRITE"]
+    on_gpu = work.launch_flags("dq", config, 32, "bfloat16", branch=0, **(flags | dict(interpreting=False)))
+    assert (on_gpu["num_warps"], on_gpu["num_stages"], on_gpu["PREC"]) == (config.warps, config.stages, 0)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (lambda: KernelConfig(48, 16, 4, 2), ValueError, "tile must be one of"),
+    (lambda: KernelConfig(32, 64, 4, 2), ValueError, "walk must be one of"),
+    (lambda: KernelConfig(32, 16, 3, 2), ValueError, "warps must be"),
+    (lambda: KernelConfig(32, 16, 4, 0), ValueError, "stages must be"),
+    (lambda: work.check_kernel_options({"bwd": KernelConfig(32, 16, 4, 2)}), ValueError, "keys must be among"),
+    (lambda: work.check_kernel_options({"fwd": (32, 16, 4, 2)}), TypeError, "must be a work.KernelConfig"),
+    (lambda: work.check_kernel_options({"fwd": KernelConfig(32, 16, 4, 2, atomic_dq=True)}), ValueError,
+     "atomic_dq is the dkdv kernel's"),
+    (lambda: work.check_kernel_options({"dkdv": KernelConfig(32, 16, 4, 2, full_blocks=True)}), ValueError,
+     "full_blocks the fwd and dq kernels'"),
+    (lambda: kernel_config("fwd", "float64", 32), ValueError, "serve bfloat16, float16 and float32"),
+])
+def test_bad_kernel_configurations_are_one_line_errors(bad, error, words):
+    with pytest.raises(error, match=words):
+        bad()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (pip install 'dilcompile[triton]')")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the made-up GPU runs in the interpreter")
+def test_a_new_gpu_is_one_table_entry(monkeypatch):
+    # A made-up sm_120 with its own timed configuration: one entry per kernel, nothing else changed;
+    # the launcher then launches with it (interpreter), exactly.
+    from dilcompile.dilated.impl import triton as launcher
+
+    made_up = {kernel: KernelConfig(16, 16, 4, 2, source="runs/made-up-sm120-tune/triton_tiles.parquet")
+               for kernel in NAMES}
+    for kernel, config in made_up.items():
+        monkeypatch.setitem(work.CONFIGS, (120, kernel, "float32", 16), config)
+    monkeypatch.setattr(launcher, "_arch", lambda q: 120)
+    work._largest_tile.cache_clear()  # the tile choice caches the table's caps
+    try:
+        assert branch_tile(2048, 1, 65536, 16, False, "float32", arch=120) == 16
+        assert kernel_config("dkdv", "float32", 16, 120) is made_up["dkdv"]
+        used = []
+        real = launcher.launch_flags
+        monkeypatch.setattr(launcher, "launch_flags", lambda kernel, config, *a, **kw: used.append(config) or real(
+            kernel, config, *a, **kw))
+        q, k, v = random_qkv(1, 2, 40, 16, dtype=torch.float32, requires_grad=True, seed=3)
+        kw = dict(segment_lengths=(16, 40), dilation_rates=(1, 2), causal=True)
+        out = dilated_attention(q, k, v, impl="triton", **kw)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        want = dilated_attention(q64, k64, v64, impl="reference", **kw)
+        wants = torch.autograd.grad(want.square().sum(), (q64, k64, v64))
+    finally:
+        work._largest_tile.cache_clear()
+    assert used and all(config in made_up.values() for config in used)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads, wants):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)

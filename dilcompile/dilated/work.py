@@ -1,22 +1,28 @@
-"""The work the fused Triton kernels issue, and the H100 time it predicts.
+"""The fused Triton kernels' launch configurations, the work they issue, and
+the H100 time it predicts.
 
 The kernels (``kernels/triton_dilated.py``) launch once per branch; a program
-owns a square tile of same-class positions. This module picks that tile and
-counts, from the launch geometry alone (no triton, no GPU), the score pairs,
-matmul FLOPs, exponentials and compulsory HBM bytes each kernel issues. The
-test suite checks the counts against Triton's interpreter with its dot
-wrapped (``testing/issued.py``); docs/gpu.md, "Issued work" and "Predicted
-times", explains the model and its assumed peaks.
+owns a square tile of same-class positions. This module holds the one table
+of kernel configurations (``CONFIGS``: what a GPU run timed fastest, per
+architecture, kernel, dtype and head dim, with the run it came from; an
+explicit fallback elsewhere), picks each branch's tile, builds a launch's
+constexpr flags (``launch_flags``, the one place), and counts, from the
+launch geometry alone (no triton, no GPU), the score pairs, matmul FLOPs,
+exponentials and compulsory HBM bytes each kernel issues. The test suite
+checks the counts against Triton's interpreter with its dot wrapped
+(``testing/issued.py``); docs/gpu.md, "Issued work", "Predicted times" and
+"Tile choice", explains the model, its assumed peaks and the table.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .geometry import group_bounds, longnet_offset
 
 TILES = (128, 64, 32, 16)
+KERNELS = ("fwd", "dq", "dkdv")
 MAX_WASTE = 1.1  # issued ÷ useful matmul work a branch's tile may cost
 BRANCH_MAX = 2**30  # w, r ≥ N act alike; the kernels' int32 index math needs N + r < 2³¹
 
@@ -52,17 +58,144 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-# Hopper, fp16 / bf16: per head-dim lanes and kernel, (owned tile, walk, warps, stages, whole) timed fastest
-# on an H100 (B = 1, H = 16, N = 65536, the LongNet branches; scripts/tune_triton.py, rows in
-# runs/h100-80gb-tune/). Against the choice ptxas register reports had made: at D = 128 the same forward,
-# dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in the heaviest flag
-# variants) and are still the fastest: docs/gpu.md, "Tile choice". ``whole``: walk the blocks every row
-# sees whole without building masks (SPLIT of the forward and dq kernels; dk/dv always mask: walking its
-# blocks unmasked spilled 2-4x more at D = 128) — a candidate not yet timed, so off.
-HOPPER_HALF = {
-    64: {"fwd": (128, 64, 4, 3, False), "dq": (64, 64, 4, 3, False), "dkdv": (64, 64, 4, 3, False)},
-    128: {"fwd": (128, 64, 8, 3, False), "dq": (128, 64, 8, 3, False), "dkdv": (128, 64, 8, 3, False)},
+def dtype_name(dtype) -> str:
+    """"bfloat16", "float16", "float32" for a torch dtype or its name."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if name not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"the Triton kernels serve bfloat16, float16 and float32, got dtype {dtype!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How one fused kernel launches for a branch: an entry of ``CONFIGS``, the
+    fallback for what no run timed (``fallback_config``), or a user's per-call
+    override (``kernel_options`` of ``impl/triton.py``'s functions)."""
+    tile: int  # positions a program owns (queries: fwd, dq; keys: dkdv); an entry's: the largest a branch may pick
+    walk: int  # positions of the other side each loop step loads
+    warps: int
+    stages: int  # software pipeline stages
+    full_blocks: bool = False  # fwd, dq: walk the key blocks every row sees whole without building masks
+    atomic_dq: bool = False  # dkdv: also add dq by atomic adds, and the dq kernel is not launched
+    source: str = "override"  # where its timing came from (a run under runs/), or why there is none
+
+    def __post_init__(self):
+        if self.tile not in TILES:
+            raise ValueError(f"KernelConfig tile must be one of {TILES}, got {self.tile}")
+        if self.walk not in TILES or self.walk > self.tile:
+            raise ValueError(f"KernelConfig walk must be one of {TILES} and ≤ tile = {self.tile}, got {self.walk}")
+        if self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+        if not 1 <= self.stages <= 8:
+            raise ValueError(f"KernelConfig stages must be in 1 … 8, got {self.stages}")
+
+    @property
+    def timed(self) -> bool:
+        """Whether a GPU run chose it (its source is that run)."""
+        return self.source.startswith("runs/")
+
+
+# Timed fastest on an H100 (scripts/tune_triton.py: B = 1, H = 16, N = 65536, bf16, the LongNet branches,
+# non-causal; docs/gpu.md, "Tile choice"). Against the choice ptxas register reports had made: at D = 128
+# the same forward, dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in
+# the heaviest flag variants) and are still the fastest. Neither candidate (full_blocks, atomic_dq) was
+# timed faster yet: both off. A new GPU's timed configuration is one more entry here.
+_H100_TUNE = "runs/h100-80gb-tune/triton_tiles.parquet"
+CONFIGS: dict[tuple[int, str, str, int], KernelConfig] = {  # (compute capability, kernel, dtype, head-dim lanes)
+    (90, "fwd", "bfloat16", 64): KernelConfig(128, 64, 4, 3, source=_H100_TUNE),
+    (90, "dq", "bfloat16", 64): KernelConfig(64, 64, 4, 3, source=_H100_TUNE),
+    (90, "dkdv", "bfloat16", 64): KernelConfig(64, 64, 4, 3, source=_H100_TUNE),
+    (90, "fwd", "bfloat16", 128): KernelConfig(128, 64, 8, 3, source=_H100_TUNE),
+    (90, "dq", "bfloat16", 128): KernelConfig(128, 64, 8, 3, source=_H100_TUNE),
+    (90, "dkdv", "bfloat16", 128): KernelConfig(128, 64, 8, 3, source=_H100_TUNE),
 }
+# fp16 runs the same MMA as bf16 and compiles to the same registers, spills and shared memory (docs/gpu.md):
+# it takes the bf16 entries, saying so.
+CONFIGS |= {(arch, kernel, "float16", lanes): replace(c, source=f"{c.source} (timed at bf16; fp16: the same MMA)")
+            for (arch, kernel, dtype, lanes), c in list(CONFIGS.items()) if dtype == "bfloat16"}
+
+
+def fallback_config(kernel: str, dtype, head_dim: int, arch: int, tile: int | None = None) -> KernelConfig:
+    """For what no GPU run timed (another GPU, head dim or dtype), or a tile
+    smaller than its entry's: the largest tile that compiles without spilling
+    (docs/gpu.md, "Compiled for the GPU": fp32's IEEE dot runs on FMA units and
+    holds more in registers; wide heads hold more per row), a 64-row walk (16
+    for fp32, 32 for wide heads and, before Hopper, the backward: with 64 a
+    128-row tile spilled on sm_80), warps growing with the tile's area, 2
+    stages. Its ``source`` says it is the fallback."""
+    name = dtype_name(dtype)
+    fp32, lanes = name == "float32", block_d(head_dim)
+    tile = tile or (32 if fp32 else 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32)
+    walk = 16 if fp32 else 32 if head_dim > 64 or (arch < 90 and kernel != "fwd") else 64
+    warps = 8 if tile >= 128 or tile * lanes >= 128 * 64 else 4 if tile >= 32 or lanes >= 128 else 2
+    return KernelConfig(tile, min(tile, walk), warps, 2, source=f"fallback: nothing timed for sm_{arch} {kernel} "
+                        f"{name} D ≤ {lanes} (the no-spill rule, docs/gpu.md)")
+
+
+def kernel_config(kernel: str, dtype, head_dim: int, arch: int = 90, tile: int | None = None) -> KernelConfig:
+    """``kernel``'s configuration on compute capability ``arch``: the table's
+    entry, else the fallback. ``tile``: the owned tile a branch picked
+    (``branch_tile``); an entry's walk, warps, stages and full_blocks were
+    timed for its own tile only, so a smaller one gets the fallback's, with the
+    entry's atomic_dq (how dq is computed is chosen per call, not per branch)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    chosen = CONFIGS.get((arch, kernel, dtype_name(dtype), block_d(head_dim)))
+    if chosen is None:
+        chosen = fallback_config(kernel, dtype, head_dim, arch)
+    if tile is None or tile == chosen.tile:
+        return chosen
+    return replace(fallback_config(kernel, dtype, head_dim, arch, tile), atomic_dq=chosen.atomic_dq)
+
+
+def check_kernel_options(options) -> dict[str, KernelConfig]:
+    """A user's per-call override, {kernel: KernelConfig}, checked (None: {})."""
+    options = dict(options or {})
+    for kernel, config in options.items():
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel_options keys must be among {KERNELS}, got {kernel!r}")
+        if not isinstance(config, KernelConfig):
+            raise TypeError(f"kernel_options[{kernel!r}] must be a work.KernelConfig, got {type(config).__name__}")
+        if (config.atomic_dq and kernel != "dkdv") or (config.full_blocks and kernel == "dkdv"):
+            raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks the "
+                             f"fwd and dq kernels'; got {config}")
+    return options
+
+
+def overwrites(kernel: str, covers: bool, has_keep: bool) -> bool:
+    """Whether ``kernel``'s first launch writes its fp32 buffers whole (the
+    kernels' OVERWRITE: no zero-fill, no read) rather than adding to them:
+    when the first branch reaches every row (``covers``), except dk/dv under a
+    key mask (they skip the removed keys, whose gradients must be 0). dq added
+    by atomic adds (``atomic_dq``) needs a zeroed dq whatever this says."""
+    return covers and not (kernel == "dkdv" and has_keep)
+
+
+def precision(dtype, interpreting: bool) -> int:
+    """The kernels' PREC flag: 1 = fp32 without TF32 (exact fp32 semantics),
+    0 = native half MMA, 2 = upcast half inputs (the interpreter's half dot is
+    wrong or accumulates in half; see the kernels' ``_dot``)."""
+    if dtype_name(dtype) == "float32":
+        return 1
+    return 2 if interpreting else 0
+
+
+def launch_flags(kernel: str, config: KernelConfig, head_dim: int, dtype, *, branch: int, covers: bool,
+                 causal: bool, has_keep: bool, varlen: bool, interpreting: bool) -> dict:
+    """Every constexpr of one launch of ``kernel`` — the launch of branch
+    index ``branch`` with ``config`` — and, off the interpreter, its warps and
+    stages: the one place they are derived (the launcher, scripts/tune_triton.py,
+    testing/gpu_compile.py and the fake-GPU tests call it). ``covers``: the
+    first branch reaches every row (``impl/triton.first_branch_covers_all``)."""
+    if kernel == "dkdv":  # it owns keys and walks queries
+        flags = dict(BLOCK_M=config.walk, BLOCK_N=config.tile, ATOMIC_DQ=config.atomic_dq)
+    else:
+        flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks)
+    flags.update(BLOCK_D=block_d(head_dim), HAS_KEEP=bool(has_keep), VARLEN=bool(varlen), CAUSAL=bool(causal),
+                 PREC=precision(dtype, interpreting), OVERWRITE=branch == 0 and overwrites(kernel, covers, has_keep))
+    if not interpreting:  # the interpreter takes no launch options
+        flags.update(num_warps=config.warps, num_stages=config.stages)
+    return flags
 
 
 # impl="auto" on CUDA: the (compute capability, dtype bytes, head dim) where the fused Triton kernels trained
@@ -79,94 +212,23 @@ def auto_impl(arch: int, dtype_bytes: int, head_dim: int, training: bool) -> str
     return "triton" if training and (arch, dtype_bytes, head_dim) in TRITON_TRAINS_FASTER else "sdpa"
 
 
-def timed_config(head_dim: int, dtype_bytes: int, arch: int, kernel: str) -> tuple[int, int, int, int, bool] | None:
-    """``HOPPER_HALF``'s entry for this kernel, or None where nothing was timed."""
-    if arch != 90 or dtype_bytes != 2:
-        return None
-    return HOPPER_HALF.get(block_d(head_dim), {}).get(kernel)
-
-
-def tile_cap(head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> int:
-    """The largest owned tile: the timed one (``HOPPER_HALF``), else the
-    largest that compiles without spilling registers (docs/gpu.md, "Compiled
-    for the GPU"): fp32's IEEE dot runs on FMA units and holds more in
-    registers; wide heads hold more per row."""
-    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
-    if timed is not None:
-        return timed[0]
-    if dtype_bytes == 4:
-        return 32
-    return 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
-
-
-def tile_shape(tile: int, head_dim: int, dtype_bytes: int, kernel: str = "fwd", arch: int = 90) -> tuple[int, int]:
-    """(owned, walked): the owned tile and the block the walk loads at a time:
-    the timed walk for the timed tile. Untimed, before Hopper the backward
-    kernels walk 32 rows: with 64 a 128-row tile spills on sm_80 (dk/dv 260 B,
-    dq 12 B; docs/gpu.md). A shorter walk issues no more pairs, so
-    ``branch_tile``'s bound with the forward's holds."""
-    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
-    if timed is not None and tile == timed[0]:
-        walk = timed[1]
-    elif dtype_bytes == 4:
-        walk = 16
-    elif head_dim > 64 or (arch < 90 and kernel != "fwd"):
-        walk = 32
-    else:
-        walk = 64
-    return tile, min(tile, walk)
-
-
-def launch_shape(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> tuple[int, int]:
-    """(warps, pipeline stages) of a kernel owning ``tile`` positions: the
-    timed ones for the timed tile, else warps growing with the tile's area
-    (fewer spills) and 2 stages."""
-    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
-    if timed is not None and tile == timed[0]:
-        return timed[2], timed[3]
-    lanes = block_d(head_dim)
-    if tile >= 128 or tile * lanes >= 128 * 64:
-        warps = 8
-    else:
-        warps = 4 if tile >= 32 or lanes >= 128 else 2
-    return warps, 2
-
-
-# (compute capability, dtype bytes, head-dim lanes) where dk/dv adding dq by atomic adds (the kernels'
-# ATOMIC_DQ: no dq launch, five matmuls a pair instead of seven) was timed faster. A candidate of
-# scripts/tune_triton.py ("/atomic"; at D = 128 on 64-key tiles: 128 spilled 692 B), not yet timed: empty.
-ATOMIC_DQ_FASTER: set[tuple[int, int, int]] = set()
-
-
-def atomic_dq(head_dim: int, dtype_bytes: int, arch: int = 90) -> bool:
-    """Whether the dk/dv kernel also computes dq (by atomic adds): only where timed faster."""
-    return (arch, dtype_bytes, block_d(head_dim)) in ATOMIC_DQ_FASTER
-
-
-def whole_blocks(tile: int, head_dim: int, dtype_bytes: int, arch: int = 90, kernel: str = "fwd") -> bool:
-    """Whether a kernel owning ``tile`` positions walks the blocks every row
-    sees whole without building masks (the kernels' SPLIT): only where that
-    was timed faster (``HOPPER_HALF``)."""
-    timed = timed_config(head_dim, dtype_bytes, arch, kernel)
-    return timed is not None and tile == timed[0] and timed[4]
-
-
-def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype_bytes: int = 2, arch: int = 90,
+def branch_tile(w: int, r: int, n, head_dim: int, causal: bool, dtype="bfloat16", arch: int = 90,
                 kernel: str = "fwd") -> int:
     """The largest tile that keeps branch (w, r)'s issued work within MAX_WASTE
     of its useful work in every kernel — for a class of ⌈w / r⌉ positions, or
     ⌈N / r⌉ when N < w and N is a number (a traced N is not read: no guard) —
-    capped by ``tile_cap``; 16, the smallest MMA tile, when none does."""
+    capped by the kernel's configuration (``kernel_config``); 16, the smallest
+    MMA tile, when none does."""
     span = min(w, n) if isinstance(n, int) else w
-    return _largest_tile(-(-span // r), head_dim, bool(causal), dtype_bytes, arch, kernel)
+    return _largest_tile(-(-span // r), head_dim, bool(causal), dtype_name(dtype), arch, kernel)
 
 
 @functools.lru_cache(maxsize=4096)  # per launch, on the host: the walk over tiles costs ~0.1 ms
-def _largest_tile(size: int, head_dim: int, causal: bool, dtype_bytes: int, arch: int, kernel: str) -> int:
-    cap = tile_cap(head_dim, dtype_bytes, arch, kernel)
+def _largest_tile(size: int, head_dim: int, causal: bool, dtype: str, arch: int, kernel: str) -> int:
+    cap = kernel_config(kernel, dtype, head_dim, arch).tile
     useful = class_pairs(size, causal)
     for tile in TILES:
-        inner = tile_shape(tile, head_dim, dtype_bytes, "fwd", arch)[1]
+        inner = kernel_config("fwd", dtype, head_dim, arch, tile).walk  # a shorter walk issues no more pairs
         if tile <= cap and all(class_pairs(size, causal, tile, inner, owner) <= MAX_WASTE * useful
                                for owner in ("query", "key")):
             return tile
@@ -206,14 +268,16 @@ class Work:
 
 
 def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, segment_lengths, dilation_rates,
-                mode: str = "longnet", causal: bool = False, element_bytes: int = 2) -> Work:
-    """Issued work of ``kernel`` ("fwd", "dq" or "dkdv") over every branch."""
+                mode: str = "longnet", causal: bool = False, dtype="bfloat16", arch: int = 90) -> Work:
+    """Issued work of ``kernel`` ("fwd", "dq" or "dkdv") over every branch, with
+    the tiles the launcher picks on compute capability ``arch``."""
     lanes = block_d(head_dim)
+    element_bytes = 4 if dtype_name(dtype) == "float32" else 2
     pairs = useful = rows = 0
     classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
     for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
-        tile = branch_tile(w, r, n, head_dim, causal, element_bytes, kernel=kernel)
-        inner = tile_shape(tile, head_dim, element_bytes, kernel)[1]
+        tile = branch_tile(w, r, n, head_dim, causal, dtype, arch, kernel)
+        inner = kernel_config(kernel, dtype, head_dim, arch, tile).walk
         owner = "key" if kernel == "dkdv" else "query"
         span = min(w, n)
         full, tail = divmod(n, span)
@@ -248,8 +312,13 @@ H200 = Peaks("H200", matmul_half=989e12, matmul_fp32=67e12, exp=3.9e12, hbm=4.8e
 
 
 def peaks_for(device: str) -> Peaks:
-    """The peaks of a device named as the run store names it (H100 unless it says H200)."""
-    return H200 if "H200" in (device or "") else H100_SXM
+    """The peaks of a device named as the run store names it ("NVIDIA H100
+    80GB HBM3"). A GPU without its own (a B200, say) gets the H100's under a
+    name that says they are assumed, which the predictions then print."""
+    for known in (H200, H100_SXM):
+        if known.name.split()[0] in (device or ""):
+            return known
+    return replace(H100_SXM, name=f"H100 SXM (assumed: no peaks for {device!r})")
 
 
 def predict_ms(pass_: str, batch: int, num_heads: int, n: int, head_dim: int, segment_lengths, dilation_rates,
@@ -263,7 +332,7 @@ def predict_ms(pass_: str, batch: int, num_heads: int, n: int, head_dim: int, se
     total = 0.0
     for kernel in kernels:
         work = kernel_work(kernel, batch, num_heads, n, head_dim, segment_lengths, dilation_rates, mode, causal,
-                           2 if half else 4)
+                           dtype)
         total += max(work.flops / (peaks.matmul_half if half else peaks.matmul_fp32),
                      work.exps / peaks.exp, work.bytes / peaks.hbm)
     return total * 1e3

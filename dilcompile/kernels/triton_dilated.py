@@ -27,12 +27,13 @@ matmuls a pair instead of seven, for the atomics' traffic. Both use the merged l
 gradient ``g`` at the returned lse enters as ``dS = P ∘ (dP − Δ + g)`` with
 ``Δ = rowsum(dO ∘ O)`` (the launcher folds ``g`` into Δ).
 
-Two constexpr switches, set by the launcher: ``FIRST`` for the launches of a
-first branch that reaches every row (its programs write the fp32 buffers
-instead of adding to them, so they need no zero-fill and no read), and
-``SPLIT`` (forward and dq) to walk the key blocks every row of a tile sees
-whole without building a mask, the causal diagonal and a class's short end
-with one — a tuning candidate (``dilated/work.py``), off until timed faster.
+Two constexpr switches, set by the launcher (``dilated/work.launch_flags``):
+``OVERWRITE`` for the launches of a first branch that reaches every row
+(its programs write the fp32 buffers instead of adding to them, so they
+need no zero-fill and no read), and ``FULL_BLOCKS`` (forward and dq) to walk
+the key blocks every row of a tile sees whole without building a mask, the
+causal diagonal and a class's short end with one — a tuning candidate
+(``dilated/work.KernelConfig.full_blocks``), off until timed faster.
 
 ``scale`` is cast to fp32 on entry: torch.compile types a Python-float kernel
 argument as fp64, which would make the softmax state fp64 (a compile error in
@@ -138,25 +139,25 @@ def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
 
 
 @triton.jit
-def _whole_keys(n_class, first, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """With ``SPLIT``, the key blocks from class index 0 that every query of the
-    tile starting at ``first`` sees whole — inside the class, no key mask, and
+def _full_keys(n_class, first, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, FULL_BLOCKS: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """With ``FULL_BLOCKS``, the key blocks from class index 0 that every query
+    of the tile starting at ``first`` sees whole — inside the class, no key mask, and
     (causal) before the tile's first query — as a count of keys; the loops
-    walk those without building a mask, the rest with it. 0 without SPLIT."""
-    n_whole = 0
-    if SPLIT and not HAS_KEEP:
-        n_whole = n_class
+    walk those without building a mask, the rest with it. 0 without FULL_BLOCKS."""
+    n_full = 0
+    if FULL_BLOCKS and not HAS_KEEP:
+        n_full = n_class
         if CAUSAL:
-            n_whole = tl.minimum(n_whole, first + 1)
-        n_whole = n_whole // BLOCK_N * BLOCK_N
-    return n_whole
+            n_full = tl.minimum(n_full, first + 1)
+        n_full = n_full // BLOCK_N * BLOCK_N
+    return n_full
 
 
 @triton.jit
-def _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N: tl.constexpr):
+def _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N: tl.constexpr):
     """k and v rows of class indices t0 … t0 + BLOCK_N − 1, all inside the class
-    (``SPLIT``'s unmasked blocks): only the head-dim lanes are masked."""
+    (``FULL_BLOCKS``'s unmasked blocks): only the head-dim lanes are masked."""
     kpos = s0 + off + (t0 + tl.arange(0, BLOCK_N)) * r
     kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
     return tl.load(K + kv, mask=d_ok[None, :], other=0.0), tl.load(V + kv, mask=d_ok[None, :], other=0.0)
@@ -179,8 +180,8 @@ def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr):
 @triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
-    SPLIT: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
@@ -207,12 +208,12 @@ def _fwd_kernel(
         n_keys = n_class
         if CAUSAL:  # keys past the tile's last query never count
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
-        n_whole = _whole_keys(n_class, first, HAS_KEEP, CAUSAL, SPLIT, BLOCK_N)
-        for t0 in range(0, n_whole, BLOCK_N):  # no mask to build: every row sees every key
-            k, v = _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+        n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
+        for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
+            k, v = _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC) * qk_scale
             m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
-        for t0 in range(n_whole, n_keys, BLOCK_N):
+        for t0 in range(n_full, n_keys, BLOCK_N):
             tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
                                         HAS_KEEP, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
@@ -224,7 +225,7 @@ def _fwd_kernel(
         # merge with the earlier branches (exp2 domain); a NaN sum stays NaN
         covered = l_i != 0
         lse_b = tl.where(covered, m_i + tl.log2(tl.where(covered, l_i, 1.0)), float("-inf"))
-        if FIRST:  # the first launch writes every row: nothing to read (the buffers are left unset)
+        if OVERWRITE:  # the first launch writes every row: nothing to read (the buffers are left unset)
             lse_old = tl.full([BLOCK_M], float("-inf"), tl.float32)
             out_old = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         else:
@@ -246,8 +247,8 @@ def _fwd_kernel(
 @triton.jit
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
-    SPLIT: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
@@ -276,15 +277,15 @@ def _dq_kernel(
         n_keys = n_class
         if CAUSAL:
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
-        n_whole = _whole_keys(n_class, first, HAS_KEEP, CAUSAL, SPLIT, BLOCK_N)
-        for t0 in range(0, n_whole, BLOCK_N):  # no mask to build: every row sees every key
-            k, v = _whole_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+        n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
+        for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
+            k, v = _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
             dp = _dot(do, tl.trans(v), PREC)
             p = tl.exp2(s * qk_scale - lse[:, None])
             ds = p * (dp - delta[:, None])
             dq += _dot(ds.to(k.dtype), k, PREC)
-        for t0 in range(n_whole, n_keys, BLOCK_N):
+        for t0 in range(n_full, n_keys, BLOCK_N):
             tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
                                         HAS_KEEP, BLOCK_N)
             keep = q_ok[:, None] & k_ok[None, :]
@@ -296,7 +297,7 @@ def _dq_kernel(
             ds = p * (dp - delta[:, None])
             dq += _dot(ds.to(k.dtype), k, PREC)
         dq = dq * scale
-        if not FIRST:  # later launches add to what the earlier ones wrote
+        if not OVERWRITE:  # later launches add to what the earlier ones wrote
             dq += tl.load(DQ + tile, mask=tile_mask, other=0.0)
         tl.store(DQ + tile, dq, mask=tile_mask)
 
@@ -304,8 +305,9 @@ def _dq_kernel(
 @triton.jit
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
-    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, FIRST: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    OVERWRITE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
     H, N, D, w, r = _int32(H, N, D, w, r)
@@ -357,9 +359,9 @@ def _dkdv_kernel(
                 dq = _dot(tl.trans(dst).to(k.dtype), k, PREC) * scale
                 tl.atomic_add(DQ + qt, dq, mask=q_mask, sem="relaxed")
         dk = dk * scale
-        if not FIRST:  # one buffer at a time: both read tiles held at once would spill
+        if not OVERWRITE:  # one buffer at a time: both read tiles held at once would spill
             dk += tl.load(DK + tile, mask=tile_mask, other=0.0)
         tl.store(DK + tile, dk, mask=tile_mask)
-        if not FIRST:
+        if not OVERWRITE:
             dv += tl.load(DV + tile, mask=tile_mask, other=0.0)
         tl.store(DV + tile, dv, mask=tile_mask)

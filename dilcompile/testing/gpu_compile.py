@@ -23,7 +23,7 @@ import os
 import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")
 DTYPES = ("fp16", "bf16", "fp32")
@@ -31,6 +31,7 @@ HEAD_DIMS = (16, 32, 64, 128, 256)  # every BLOCK_D the launcher makes (the next
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448}  # bytes per block, opt-in maximum
 _FLOATS = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 _FP32_POINTERS = {"O", "LSE", "DELTA", "DQ", "DK", "DV"}  # the fp32 accumulators, lse and Δ
+_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Config:
     has_keep: bool = True
     typing: str = "eager"  # or "inductor": scale fp64, integers i64
     varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
-    split: bool = False  # the candidate: forward and dq walk whole blocks unmasked (SPLIT), dk/dv adds dq (ATOMIC_DQ)
+    candidate: bool = False  # the untimed candidate: fwd and dq walk full blocks unmasked, dk/dv adds dq by atomics
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,15 @@ class Report:
 
 def tiles_for(head_dim: int, dtype: str, arch: int = 90, kernel: str = "_fwd_kernel") -> tuple[int, ...]:
     """The tiles ``work.branch_tile`` can choose for this head dim, dtype, arch and kernel."""
-    from dilcompile.dilated.work import TILES, tile_cap
+    from dilcompile.dilated.work import TILES, kernel_config
 
-    name = kernel.strip("_").removesuffix("_kernel")
-    return tuple(t for t in TILES if t <= tile_cap(head_dim, 4 if dtype == "fp32" else 2, arch, name))
+    cap = kernel_config(_name(kernel), _TORCH_DTYPES[dtype], head_dim, arch).tile
+    return tuple(t for t in TILES if t <= cap)
+
+
+def _name(kernel: str) -> str:
+    """"fwd", "dq", "dkdv" of "_fwd_kernel", …: ``work``'s kernel names."""
+    return kernel.strip("_").removesuffix("_kernel")
 
 
 def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
@@ -79,17 +85,29 @@ def matrix(archs=(80, 90), flags: bool = True) -> list[Config]:
             for tile in tiles_for(d, dtype, arch, kernel) for causal, keep in pairs for typing in ("eager", "inductor")]
 
 
+def launch_flags(config: Config) -> dict:
+    """The constexprs and launch options the launcher gives ``config``'s
+    kernel (``work.launch_flags``) as a later branch's launch: it reads and adds
+    (OVERWRITE off), the heavier variant; the candidate switched on if asked."""
+    from dilcompile.dilated import work
+
+    name = _name(config.kernel)
+    chosen = work.kernel_config(name, _TORCH_DTYPES[config.dtype], config.head_dim, config.arch, config.tile)
+    if config.candidate:
+        chosen = replace(chosen, **{"atomic_dq" if name == "dkdv" else "full_blocks": True})
+    return work.launch_flags(name, chosen, config.head_dim, _TORCH_DTYPES[config.dtype], branch=1, covers=False,
+                             causal=config.causal, has_keep=config.has_keep, varlen=config.varlen, interpreting=False)
+
+
 def compile_kernel(config: Config):
     """Compile one configuration; returns (triton's compiled kernel, ptxas's -v log)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("TRITON_INTERPRET=1: unset it to compile for a GPU")
-    import torch
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dilcompile.dilated.impl import triton as launcher
     from dilcompile.kernels import triton_dilated as kernels
 
     fn = getattr(kernels, config.kernel)
@@ -110,14 +128,8 @@ def compile_kernel(config: Config):
             signature[arg] = "fp64" if config.typing == "inductor" else "fp32"
         else:
             signature[arg] = "constexpr"
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[config.dtype]
-    meta = launcher._launch(config.kernel.strip("_").removesuffix("_kernel"), config.tile, config.head_dim, dtype,
-                            config.arch)
-    options = dict(num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))
-    constexprs = dict(meta, HAS_KEEP=config.has_keep, VARLEN=config.varlen, CAUSAL=config.causal,
-                      FIRST=False, PREC=launcher._precision(dtype))  # FIRST off: it reads more
-    for candidate in ("SPLIT", "ATOMIC_DQ") & meta.keys():  # the kernel's tuning candidate, as the config says
-        constexprs[candidate] = config.split
+    constexprs = launch_flags(config)
+    options = dict(num_warps=constexprs.pop("num_warps"), num_stages=constexprs.pop("num_stages"))
     # What a launch specializes on (triton's JIT and Inductor alike): 16-byte
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)

@@ -1,8 +1,8 @@
 """Dilated attention on the fused Triton kernels (``kernels/triton_dilated.py``).
 
 Host-side launchers only: they validate what the kernels cannot serve, lay
-out each head's class per branch, pick each branch's tile
-(``dilated/work.py``) and launch through ``torch.library.wrap_triton`` so the
+out each head's class per branch, pick each branch's tile and configuration
+and build its flags (``dilated/work.py``) and launch through ``torch.library.wrap_triton`` so the
 launch is traceable (``dilated/triton_ops.py`` wraps them in
 ``torch.library.triton_op``; Inductor then sees the kernels and fuses around
 them). Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors.
@@ -18,7 +18,8 @@ from torch.library import wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
-from ..work import atomic_dq, block_d, branch_tile, branches, launch_shape, tile_shape, whole_blocks
+from ..work import (KernelConfig, branch_tile, branches, check_kernel_options, kernel_config, launch_flags,
+                    overwrites)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -51,21 +52,15 @@ def _arch(q: Tensor) -> int:
     return 10 * major + minor
 
 
-def _launch(kernel: str, tile: int, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
-    """Meta-parameters of ``kernel`` ("fwd", "dq", "dkdv") on compute
-    capability ``arch`` for a branch whose programs own ``tile`` positions
-    (``work.tile_shape``, ``work.launch_shape``)."""
-    owned, walked = tile_shape(tile, head_dim, dtype.itemsize, kernel, arch)
-    meta = dict(BLOCK_M=walked, BLOCK_N=owned) if kernel == "dkdv" else dict(BLOCK_M=owned, BLOCK_N=walked)
-    if not interpreting():
-        warps, stages = launch_shape(tile, head_dim, dtype.itemsize, arch, kernel)
-        meta.update(num_warps=warps, num_stages=stages)
-    meta["BLOCK_D"] = block_d(head_dim)
-    if kernel == "dkdv":  # it walks every block masked (unmasked ones spilled 2-4x more: docs/gpu.md)
-        meta["ATOMIC_DQ"] = atomic_dq(head_dim, dtype.itemsize, arch)
-    else:
-        meta["SPLIT"] = whole_blocks(tile, head_dim, dtype.itemsize, arch, kernel)
-    return meta
+def _launch(kernel: str, w: int, r: int, n, dim: int, q: Tensor, arch: int, override: KernelConfig | None,
+            **inputs) -> tuple[int, dict]:
+    """(owned tile, constexprs and launch options) of ``kernel``'s launch for
+    branch (w, r): the user's ``override`` for every branch, else the tile
+    ``work.branch_tile`` picks with the table's configuration for it;
+    ``inputs``: ``work.launch_flags``'s keywords."""
+    config = override or kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, inputs["causal"],
+                                                                             q.dtype, arch, kernel))
+    return config.tile, launch_flags(kernel, config, dim, q.dtype, interpreting=interpreting(), **inputs)
 
 
 def _shape(q: Tensor):
@@ -113,15 +108,6 @@ def segment_table(cu_seqlens: Tensor, w: int, total) -> Tensor:
     return torch.stack([start, end], 1).to(torch.int32).contiguous()
 
 
-def _precision(dtype: torch.dtype) -> int:
-    """The kernels' PREC flag: 1 = fp32 without TF32 (exact fp32 semantics),
-    0 = native half MMA, 2 = upcast half inputs (the interpreter's half dot is
-    wrong or accumulates in half; see ``_dot``)."""
-    if dtype == torch.float32:
-        return 1
-    return 2 if interpreting() else 0
-
-
 def _offset_table(num_heads, segment_lengths: list[int], dilation_rates: list[int], mode: str, device) -> Tensor:
     """(m, H) int32: head h's row offset in branch i, −1 if h does not use it,
     from ``geometry``'s rules applied to a tensor of heads (a symbolic H traces
@@ -149,29 +135,34 @@ def _keep(key_mask: Tensor | None, q: Tensor) -> tuple[Tensor, bool]:
 def dilated_forward_triton(
     q: Tensor, k: Tensor, v: Tensor, segment_lengths: list[int], dilation_rates: list[int], mode: str,
     causal: bool, scale: float, key_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    kernel_options: dict[str, KernelConfig] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
     One launch per branch, each merging into an fp32 output and the lse. With
     ``cu_seqlens`` (B = 1) the N positions are packed sequences, each cut
-    into its own segments: still one launch per branch, whatever their number."""
+    into its own segments: still one launch per branch, whatever their number.
+    ``kernel_options``: {"fwd": work.KernelConfig} launches every branch with
+    that configuration instead of the table's (results equal up to the fp32
+    summation order)."""
+    options = check_kernel_options(kernel_options)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     batch, heads, n, dim = _shape(q)
     covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
-    if covers:  # the first launch writes every row
+    keep, has_keep = _keep(key_mask, q)
+    if overwrites("fwd", covers, has_keep):  # the first launch writes every row
         out, lse = _unset(q.shape, q.device), _unset((batch, heads, n), q.device)
     else:
         out, lse = _zeros(q.shape, q.device), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
-    keep, has_keep = _keep(key_mask, q)
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
-    flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None)
     no_table = _no_segment_table(q)
     arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
-        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch)
+        tile, meta = _launch("fwd", w, r, n, dim, q, arch, options.get("fwd"), branch=i, **inputs)
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, out, lse, keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r,
-            float(scale), **flags, FIRST=covers and i == 0, **_launch("fwd", tile, dim, q.dtype, arch))
+            float(scale), **meta)
     return out.to(q.dtype), lse
 
 
@@ -179,9 +170,13 @@ def dilated_backward_triton(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool, scale: float,
     key_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+    kernel_options: dict[str, KernelConfig] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``dilated_forward_triton`` given its merged out and lse;
-    per branch a dq and a dk/dv launch, adding into fp32 buffers."""
+    per branch a dq and a dk/dv launch, adding into fp32 buffers (or, where the
+    dk/dv configuration's ``atomic_dq`` says so, dk/dv launches adding dq by
+    atomic adds). ``kernel_options``: as the forward's, for "dq" and "dkdv"."""
+    options = check_kernel_options(kernel_options)
     q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
     batch, heads, n, dim = _shape(q)
     delta = (grad_out.float() * out.float()).sum(-1)  # (B, H, N): Δ = rowsum(dO ∘ O)
@@ -192,27 +187,24 @@ def dilated_backward_triton(
     covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
     keep, has_keep = _keep(key_mask, q)
     arch = _arch(q)
-    atomic = atomic_dq(dim, q.dtype.itemsize, arch)  # dk/dv adds dq: no dq launch
-    # The first launches write every row, but dk/dv skip the keys a key mask removes (they stay 0),
-    # and atomic adds need a zeroed dq.
-    first_dq, first_dkdv = covers and not atomic, covers and not has_keep
-    dq = _unset(q.shape, q.device) if first_dq else _zeros(q.shape, q.device)
-    dk, dv = (_unset(q.shape, q.device) if first_dkdv else _zeros(q.shape, q.device) for _ in range(2))
+    atomic = (options.get("dkdv") or kernel_config("dkdv", q.dtype, dim, arch)).atomic_dq  # no dq launch
+    # Atomic adds need a zeroed dq; dk/dv under a key mask skip the removed keys, which stay 0.
+    dq = _unset(q.shape, q.device) if overwrites("dq", covers, has_keep) and not atomic else _zeros(q.shape, q.device)
+    dk, dv = (_unset(q.shape, q.device) if overwrites("dkdv", covers, has_keep) else _zeros(q.shape, q.device)
+              for _ in range(2))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
-    flags = dict(HAS_KEEP=has_keep, VARLEN=cu_seqlens is not None, CAUSAL=bool(causal), PREC=_precision(q.dtype))
+    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None)
     no_table = _no_segment_table(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         common = (keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r, float(scale))
         if not atomic:
-            tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dq")
+            tile, meta = _launch("dq", w, r, n, dim, q, arch, options.get("dq"), branch=i, **inputs)
             wrap_triton(_dq_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-                q, k, v, grad_out, lse, delta, dq, *common, **flags, FIRST=first_dq and i == 0,
-                **_launch("dq", tile, dim, q.dtype, arch))
-        tile = branch_tile(w, r, n, dim, causal, q.dtype.itemsize, arch, "dkdv")
+                q, k, v, grad_out, lse, delta, dq, *common, **meta)
+        tile, meta = _launch("dkdv", w, r, n, dim, q, arch, options.get("dkdv"), branch=i, **inputs)
         wrap_triton(_dkdv_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
-            q, k, v, grad_out, lse, delta, dk, dv, dq, *common, **flags, FIRST=first_dkdv and i == 0,
-            **_launch("dkdv", tile, dim, q.dtype, arch))
+            q, k, v, grad_out, lse, delta, dk, dv, dq, *common, **meta)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
