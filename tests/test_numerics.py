@@ -143,6 +143,48 @@ def test_a_nan_reaches_exactly_the_rows_that_attend_it(impl, where, causal):
         assert not lse.isnan().any()
 
 
+def _short_case(seed: int) -> dict:
+    """A random configuration whose sdpa calls are short: segments and w / r of a few positions."""
+    import random
+
+    rng = random.Random(seed)
+    m = rng.randint(1, 3)
+    return dict(n=rng.randint(2, 70), heads=rng.randint(1, 4), segments=tuple(sorted(rng.sample(range(2, 40), m))),
+                rates=tuple(rng.randint(1, 6) for _ in range(m)), causal=rng.random() < 0.5,
+                where=rng.choice("qk"), rng=rng)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_nan_row_stays_nan_in_short_cpu_kernel_calls(seed):
+    # ATen's CPU flash kernel returns a row whose every score is NaN as an empty row (out 0, lse 0) when the
+    # call has fewer keys than one vector (kernels/attention.py): the dilated path makes such calls for short
+    # parts, and impl="sdpa" gave out 0 and a finite lse where the float64 reference gives NaN.
+    c = _short_case(seed)
+    n, heads, rng = c["n"], c["heads"], c["rng"]
+    q, k, v = (t.float() for t in random_qkv(rng.randint(1, 2), heads, n, 8, seed=seed))
+    kw = dict(segment_lengths=c["segments"], dilation_rates=c["rates"], causal=c["causal"], return_lse=True)
+    for _ in range(50):  # NaNs until one reaches a row (a key no row attends, a row no branch covers reach none)
+        dict(q=q, k=k)[c["where"]][0, rng.randrange(heads), rng.randrange(n), rng.randrange(8)] = float("nan")
+        ref, ref_lse = dilated_attention(q.double(), k.double(), v.double(), impl="reference", **kw)
+        if ref.isnan().any():
+            break
+    assert ref.isnan().any()
+    out, lse = dilated_attention(q, k, v, impl="sdpa", **kw)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(lse.isnan(), ref_lse.isnan())
+    torch.testing.assert_close(out.double().nan_to_num(), ref.nan_to_num(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double().nan_to_num(), ref_lse.nan_to_num(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_nan_query_in_a_short_last_part_stays_nan():
+    # the reported case: N = 2051, the last token's class of the rate-2 branch holds 2 keys
+    q, k, v = random_qkv(1, 2, 2051, 8, seed=0)
+    q[0, :, -1] = float("nan")
+    kw = dict(segment_lengths=(512, 1024), dilation_rates=(1, 2), causal=True, return_lse=True)
+    out, lse = dilated_attention(q.float(), k.float(), v.float(), impl="sdpa", **kw)
+    assert out[0, :, -1].isnan().all() and lse[0, :, -1].isnan().all()
+    assert not out[0, :, :-1].isnan().any() and not lse[0, :, :-1].isnan().any()
+
+
 @pytest.mark.parametrize("queries", [256, 200, 40])  # full call, suffix via the kernel, decode path
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("impl", ["sdpa", "triton"])

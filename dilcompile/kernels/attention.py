@@ -65,6 +65,24 @@ def _without_removed(key_mask: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Te
     return k.masked_fill(removed, 0), v.masked_fill(removed, 0)
 
 
+# ATen's CPU flash kernel takes each row's max score in vectors of its ISA's width (AVX2: 8 fp32, 4 fp64;
+# AVX-512: 16, 8) and the remainder elementwise with std::max, which drops a NaN: a row with fewer keys than
+# a vector whose every score is NaN (a NaN query, or NaN in every key it attends) keeps max −inf and comes
+# back as an empty row, out 0 and lse 0. Calls with fewer keys than this (the widest vector, with margin)
+# get those rows set NaN, as docs/numerics.md has them; longer calls propagate the NaN themselves.
+_CPU_NAN_SAFE_KEYS = 64
+
+
+def _nan_rows_stay_nan(q: Tensor, k: Tensor, out: Tensor, lse: Tensor,
+                       attended: Tensor | None) -> tuple[Tensor, Tensor]:
+    """out and lse of a short CPU flash call with NaN in the rows that have a NaN
+    score: a NaN in q_i or in a key the row attends (``attended``, bool,
+    broadcastable to (B, H, Lq, Lk); None = every key)."""
+    nan_k = k.isnan().any(-1)[..., None, :]  # (B, H, 1, Lk)
+    bad = q.isnan().any(-1) | (nan_k if attended is None else nan_k & attended).any(-1)  # (B, H, Lq)
+    return out.masked_fill(bad[..., None], float("nan")), lse.masked_fill(bad, float("nan"))
+
+
 def _has_key(key_mask: Tensor, causal: bool, shape: torch.Size) -> Tensor:
     """(B, H, L) bool: the row keeps at least one key."""
     keep = key_mask.expand(*shape[:-2], 1, shape[-2]).squeeze(-2)
@@ -81,6 +99,8 @@ def attention_forward(
     if backend == "cpu_flash":
         bias = None if key_mask is None else _additive(key_mask, q.dtype)
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+        if k.shape[-2] < _CPU_NAN_SAFE_KEYS:  # removed keys are zeroed above: the causal order limits the rest
+            out, lse = _nan_rows_stay_nan(q, k, out, lse, _keep(q, causal, None))
     elif backend == "cuda_flash":
         out, lse = _half_forward(q, k, v, causal, scale)
     elif backend == "cuda_efficient":
