@@ -127,8 +127,8 @@ def test_a_failed_open_never_removes_the_users_symlink(tmp_path, capsys):
     link = tmp_path / "runs.duckdb"
     link.symlink_to(tmp_path / "a-file" / "runs.duckdb")  # its folder cannot be made
     err = _one_line(capsys, ["runs", "import", _export(tmp_path), "--db", str(link)])
-    assert f"{link}" in err and "--db" in err
     assert link.is_symlink() and os.readlink(link) == str(tmp_path / "a-file" / "runs.duckdb")
+    assert f"cannot use {link}: Not a directory; pass --db with another path" in err
 
 
 def test_a_store_that_cannot_be_made_through_a_symlink_removes_what_it_created(tmp_path, monkeypatch, capsys):
