@@ -18,6 +18,7 @@ from ..numerics import softmax_attention_forward
 from ..patterns import Pattern
 from ..patterns import causal as causal_of
 from ..shorter_queries import DECODE_MAX_QUERIES, left_pad
+from ..tracing import tracing
 
 
 def suffix_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, causal: bool, scale: float, chosen: str,
@@ -35,7 +36,12 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, causal: 
 
 
 def candidate_keys(pattern: Pattern, nq: int, nk: int, block_size: int, device) -> Tensor:
-    """(K,) int64 key positions that may be attended by the last ``nq`` of ``nk`` positions, increasing."""
+    """(K,) int64 key positions that may be attended by the last ``nq`` of ``nk`` positions, increasing.
+    Under tracing every key: listing the candidates is a count known only from values, which a graph of
+    fixed shapes cannot hold (``mask_mod`` still decides each key; a static cache's decode step reads only
+    its candidate blocks, ``decode_gather``)."""
+    if tracing():
+        return torch.arange(nk, device=device)
     # A block as long as the keys holds all of them: a larger one only pads (as in
     # the full-length call), and its arange would cost block_size, not nk.
     block_size = min(block_size, nk)
