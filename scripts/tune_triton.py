@@ -2,24 +2,27 @@
 choices on this GPU: the evidence behind ``dilated/work.py``'s ``CONFIGS``
 (docs/gpu.md, "Tile choice").
 
-    python scripts/tune_triton.py --out runs/tiles.jsonl           # on a GPU
-    python scripts/tune_triton.py --dims 128 --n 65536 --rounds 2
+    python scripts/tune_triton.py --db runs/dilcompile.duckdb      # on a GPU
+    python scripts/tune_triton.py --dims 128 --seq-lens 65536 --rounds 2
 
 Each candidate (kernel, owned tile, walk, warps, stages, and whether it
 walks whole blocks without masks) launches one kernel
 over every branch of the LongNet configuration (B = 1, H = 16, bf16) exactly
 as the launcher does; candidates are timed in interleaved rounds (A, B, …,
-A, B, …) with CUDA events (median of triton's do_bench), and each one's
-result is compared with the launcher's current choice (equal up to the fp32
-summation order). Compiling takes most of the time: ``--prewarm J`` first
-compiles every candidate in J processes at a small N with the same
-specialisations, which fill triton's cache for the timed run. Rows go to
-``--out`` as JSON lines (one per candidate and round) and a table is printed.
+A, B, …) by profile/measure's Timer (CUDA events, L2 flushed; ``--repeats``
+calls a round), and each one's result is compared with the launcher's
+current choice (equal up to the fp32 summation order). Compiling takes most
+of the time: ``--prewarm J`` first compiles every candidate in J processes at
+a small N with the same specialisations, which fill triton's cache for the
+timed run. A run store row per candidate and round (``--db``): variant
+``triton-tile:<kernel>`` (fwd, dq, dkdv), impl the candidate's label
+(``launcher`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
+``bwd``, config JSON with the round and the difference to the launcher's
+result; then a table of each candidate's best round.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -31,7 +34,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.profile.measure import Timer  # noqa: E402
+from dilcompile.profile.record import timing_columns  # noqa: E402
 from dilcompile.profile.runner import run_script  # noqa: E402
+from dilcompile.store import DEFAULT_DB  # noqa: E402
+
+PROG = "tune_triton"
 
 SEGMENTS, RATES = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]  # --rehearse shrinks them
 
@@ -126,15 +136,22 @@ def _jobs(dims):
             for config in [None] + CANDIDATES[dim][kernel]]
 
 
+def tile_row(kernel: str, label: str, n: int, heads: int, dim: int, dtype: str, round_: int, times_ms,
+             rel_err: float) -> dict:
+    """One candidate's timing in one round as a run store row (module doc)."""
+    flops = _useful_flops(kernel, n, heads, dim)
+    return {"variant": f"triton-tile:{kernel}", "impl": label, "mode": "longnet", "compiled": False,
+            "pass": "fwd" if kernel == "fwd" else "bwd", "dtype": dtype, "batch": 1, "seq_len": n, "heads": heads,
+            "head_dim": dim, "causal": False, "status": "ok", "config": json.dumps(
+                {"segments": SEGMENTS, "rates": RATES, "round": round_, "rel_err_vs_launcher": rel_err}),
+            **timing_columns(times_ms, n, flops)}
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=65536)
-    p.add_argument("--heads", type=int, default=16)
+    p = parser(PROG, __doc__, seq_lens=[65536], heads=16, rounds=2, repeats=20, tag=None, db=DEFAULT_DB)
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=sorted(CANDIDATES))
-    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--prewarm", type=int, default=0, metavar="J", help="compile first in J processes")
     p.add_argument("--compile-only", metavar="I/J", help="(internal) compile every J-th job from I, at small N")
-    p.add_argument("--out", type=Path, help="JSON lines, one per candidate and round")
     p.add_argument("--rehearse", action="store_true",
                    help="no GPU: every step at a tiny N under TRITON_INTERPRET=1, timed by the wall clock")
     args = p.parse_args(argv)
@@ -143,22 +160,13 @@ def main(argv=None) -> int:
         import os
 
         if os.environ.get("TRITON_INTERPRET") != "1":
-            print("tune_triton: --rehearse needs TRITON_INTERPRET=1 set before triton is imported", file=sys.stderr)
+            print(f"{PROG}: --rehearse needs TRITON_INTERPRET=1 set before triton is imported", file=sys.stderr)
             return 2
-        args.n, args.heads, args.dims, args.prewarm = 192, 2, [64], 0
+        args.seq_lens, args.heads, args.dims, args.prewarm, args.repeats = [192], 2, [64], 0, 1
         SEGMENTS[:], RATES[:] = [64, 128], [1, 2]
     elif not torch.cuda.is_available():
-        print("tune_triton: needs a CUDA GPU (or --rehearse)", file=sys.stderr)
+        print(f"{PROG}: needs a CUDA GPU (or --rehearse)", file=sys.stderr)
         return 2
-    import triton
-    import triton.testing
-
-    def bench(run):
-        if args.rehearse:
-            start = time.perf_counter()
-            run()
-            return (time.perf_counter() - start) * 1e3
-        return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
 
     jobs = _jobs(args.dims)
     if args.compile_only:
@@ -170,6 +178,9 @@ def main(argv=None) -> int:
                     _launcher(kernel, config, t, dim)()
         torch.cuda.synchronize()
         return 0
+    recorder = open_store(PROG, args.db, {**vars(args), "segments": SEGMENTS, "rates": RATES}, device, tag=args.tag)
+    if recorder is None:
+        return 1
     if args.prewarm:
         start = time.time()
         procs = [subprocess.Popen([sys.executable, __file__, "--compile-only", f"{i}/{args.prewarm}", "--dims",
@@ -178,40 +189,32 @@ def main(argv=None) -> int:
         print(f"prewarm: {len(jobs)} candidates compiled in {time.time() - start:.0f} s (exit {failed})",
               file=sys.stderr)
     dtype = torch.float32 if args.rehearse else torch.bfloat16  # the interpreter's bf16 dot is wrong
-    inputs = {dim: _inputs(args.n, dim, args.heads, dtype, device) for dim in args.dims}
-    runs = {job: _launcher(job[1], job[2], inputs[job[0]], job[0]) for job in jobs}
-    results = {job: run() for job, run in runs.items()}  # compile (or load), then check
-    errors = {}
-    for dim, kernel, config in jobs:  # against the launcher's own choice: only the summation order differs
-        want, got = results[(dim, kernel, None)], results[(dim, kernel, config)]
-        errors[(dim, kernel, config)] = max(((a - b).abs().max() / b.abs().max()).item()
-                                            for a, b in zip(got[:2], want[:2]))  # dk/dv's third: dq, or 0
-    rows = []
-    for round_ in range(args.rounds):
-        for job, run in runs.items():
-            dim, kernel, config = job
-            ms = bench(run)
-            flops = _useful_flops(kernel, args.n, args.heads, dim)
-            row = dict(device="cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(),
-                       torch=torch.__version__, triton=triton.__version__, n=args.n, heads=args.heads,
-                       head_dim=dim, dtype=str(dtype).removeprefix("torch."), kernel=kernel,
-                       config=_label(config, kernel), round=round_, ms=ms,
-                       useful_tflops=flops / ms / 1e9, rel_err_vs_launcher=errors[job])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    timer, rows = Timer(recorder.device), []
+    for n in args.seq_lens:
+        inputs = {dim: _inputs(n, dim, args.heads, dtype, device) for dim in args.dims}
+        runs = {job: _launcher(job[1], job[2], inputs[job[0]], job[0]) for job in jobs}
+        results = {job: run() for job, run in runs.items()}  # compile (or load), then check
+        errors = {}
+        for dim, kernel, config in jobs:  # against the launcher's own choice: only the summation order differs
+            want, got = results[(dim, kernel, None)], results[(dim, kernel, config)]
+            errors[(dim, kernel, config)] = max(((a - b).abs().max() / b.abs().max()).item()
+                                                for a, b in zip(got[:2], want[:2]))  # dk/dv's third: dq, or 0
+        for round_ in range(args.rounds):
+            for job, run in runs.items():
+                dim, kernel, config = job
+                rows.append(recorder.write(tile_row(kernel, _label(config, kernel), n, args.heads, dim,
+                                                    str(dtype).removeprefix("torch."), round_,
+                                                    timer.time(run, args.repeats), errors[job])))
+    if close_store(PROG, recorder):
+        return 1
     best = {}
     for r in rows:
-        key = (r["head_dim"], r["kernel"], r["config"])
-        best[key] = min(best.get(key, float("inf")), r["ms"])
-    print(f"\n{'D':>4} {'kernel':>6} {'owned/walk/warps/stages':>24} {'best ms':>9} {'TFLOP/s':>8}")
-    for (dim, kernel, config), ms in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1])):
-        tflops = _useful_flops(kernel, args.n, args.heads, dim) / ms / 1e9
-        print(f"{dim:>4} {kernel:>6} {config:>24} {ms:9.3f} {tflops:8.1f}")
+        key = (r["seq_len"], r["head_dim"], r["variant"].partition(":")[2], r["impl"])
+        best[key] = min(best.get(key, (float("inf"),)), (r["latency_ms"], r["useful_tflops"]))
+    print(render(["N", "D", "kernel", "owned/walk/warps/stages", "best ms", "TFLOP/s"],
+                 [[*key, *value] for key, value in sorted(best.items(), key=lambda kv: (kv[0][:3], kv[1]))]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "tune_triton"))
+    sys.exit(run_script(main, PROG))
