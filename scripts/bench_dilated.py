@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dilcompile.cli._bench import parser  # noqa: E402
-from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.cli._util import render, result_table  # noqa: E402
 from dilcompile.profile import Point, from_dict, run_script, run_sweep  # noqa: E402
 from dilcompile.profile.variants import SDPA_BACKENDS as DENSE_BACKENDS  # noqa: E402
 from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
@@ -149,12 +149,8 @@ def main(argv=None) -> int:
     names, table, summary = summarise(rows, sizes["eta_n"])
     print(render(names, table))
     if args.passes != ["fwd"] or args.impls != ["sdpa"] or dense_name:
-        every = [[r["variant"], r.get("impl"), r["pass"], r["compiled"], r["seq_len"], r.get("latency_ms"),
-                  r.get("tokens_per_s"), r.get("efficiency"), r.get("peak_mem_bytes") and r["peak_mem_bytes"] / 2**30,
-                  r.get("compile_s"), r.get("recompiles"), r["status"]] for r in rows]
         print(f"\nevery point (η against dense SDPA, backend {dense_name or 'default'}):")
-        print(render(["variant", "impl", "pass", "compiled", "N", "ms", "tokens/s", "η", "peak GiB", "compile s",
-                      "recompiles", "status"], every))
+        print(result_table(rows))
         summary["dense_backend"] = dense_name
         summary["points"] = [{k: r.get(k) for k in ("variant", "impl", "pass", "compiled", "seq_len", "latency_ms",
                                                     "tokens_per_s", "efficiency", "peak_mem_bytes", "compile_s",

@@ -130,10 +130,11 @@ def render(names: list[str], rows: list, fmt: str = "table") -> str:
     return "\n".join(lines)
 
 
-RESULT_COLUMNS = [("variant", "variant"), ("compiled", "compiled"), ("pass", "pass"), ("dtype", "dtype"),
-                  ("seq_len", "N"), ("latency_ms", "ms"), ("latency_p20_ms", "p20"), ("latency_p80_ms", "p80"),
-                  ("tokens_per_s", "tokens/s"), ("useful_tflops", "TFLOP/s"), ("efficiency", "η"),
-                  ("peak_mem_bytes", "peak MiB"), ("compile_s", "compile s"), ("status", "status")]
+RESULT_COLUMNS = [("variant", "variant"), ("impl", "impl"), ("compiled", "compiled"), ("pass", "pass"),
+                  ("dtype", "dtype"), ("seq_len", "N"), ("latency_ms", "ms"), ("latency_p20_ms", "p20"),
+                  ("latency_p80_ms", "p80"), ("tokens_per_s", "tokens/s"), ("useful_tflops", "TFLOP/s"),
+                  ("efficiency", "η"), ("peak_mem_bytes", "peak MiB"), ("compile_s", "compile s"),
+                  ("recompiles", "recompiles"), ("status", "status")]
 
 
 def result_table(rows: list[dict]) -> str:
