@@ -60,7 +60,7 @@ from torch import Tensor
 from ..checks import check_scale
 from ..tracing import tracing
 from . import hf_sequences
-from .hf_config import check_branches_of, check_config, configure, install_config_keys, pattern_of
+from .hf_config import CHECKS, check_branches_of, check_config, configure, install_config_keys, pattern_of
 
 __all__ = ["NAMES", "configure", "register"]
 
@@ -394,6 +394,31 @@ def _patch_attention_choice() -> None:
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
+def _patch_from_config() -> None:
+    """``from_config(config, dilcompile_...=...)`` sets the keys on a copy of
+    the config, as ``from_pretrained`` takes them (transformers hands
+    ``from_config``'s other keywords to the model's ``__init__``, which
+    refused ours with a TypeError). Idempotent."""
+    import copy
+
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel._from_config.__func__
+    if getattr(original, "_dilcompile", False):
+        return
+
+    def _from_config(cls, config, **kwargs):
+        keys = {key: kwargs.pop(key) for key in list(kwargs) if key in CHECKS}
+        if keys:
+            config = copy.deepcopy(config)  # the caller's config stays as it was, as from_config leaves it
+            for key, value in keys.items():
+                setattr(config, key, value)  # checked attributes: a bad value fails here, naming the key
+        return original(cls, config, **kwargs)
+
+    _from_config._dilcompile = True
+    PreTrainedModel._from_config = classmethod(_from_config)
+
+
 def register() -> None:
     """Register ``"dilcompile_dilated"`` and ``"dilcompile_block_sparse"`` with
     transformers' attention and mask interfaces, and make the ``dilcompile_*``
@@ -406,6 +431,7 @@ def register() -> None:
                           "pip install 'dilcompile[hf]'") from exc
     install_config_keys()
     _patch_attention_choice()
+    _patch_from_config()
     for name, forward in zip(NAMES, (dilated_forward, block_sparse_forward)):
         AttentionInterface.register(name, forward)
         AttentionMaskInterface.register(name, _padding_mask)
