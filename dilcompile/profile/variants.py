@@ -9,7 +9,6 @@ variant, not an import failure of the profiler.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 from dataclasses import dataclass
 from typing import Callable
