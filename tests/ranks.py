@@ -5,15 +5,21 @@ whose device threads did not survive the fork, and their first backward fails
 ("Unable to handle autograd's threading in combination with fork-based
 multiprocessing"); pytest workers run backwards long before a ring test."""
 
-import socket
+from datetime import timedelta
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
+# How long a rank waits for the others (the rendezvous, each collective): far above the seconds a
+# test's ranks take even on a busy machine, so only a rank that died or hung fails the wait.
+TIMEOUT = timedelta(minutes=10)
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def rendezvous(folder) -> str:
+    """``init_method`` for ``init_process_group``: a file in the test's own folder. Not a TCP port:
+    one found free could be taken before rank 0 listens on it (by a test in another pytest-xdist
+    worker, or an outgoing connection)."""
+    return (Path(folder) / "rendezvous").resolve().as_uri()
 
 
 def start_ranks(worker, args: tuple, nprocs: int) -> None:

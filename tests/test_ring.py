@@ -5,7 +5,6 @@ all gradients; the exchange plan; bad input."""
 import json
 import os
 import traceback
-from datetime import timedelta
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from dilcompile.distributed.plan import plan_exchange
 from dilcompile.distributed.plan import choose_transport, split_sizes
 from dilcompile.testing import assert_within_low_precision_budget, masked_attention_plain
 
-from ranks import free_port, start_ranks
+from ranks import TIMEOUT, rendezvous, start_ranks
 
 # (shard_lengths, heads, segments, rates, mode): every case runs causal and not.
 CASES = {
@@ -109,12 +108,11 @@ def _wrong_shard_lengths_message(rank, world):
     return message
 
 
-def _worker(rank, world, port, result_dir):
+def _worker(rank, world, init_method, result_dir):
     report = {"rank": rank, "cases": [], "error": None}
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=TIMEOUT)
         for i, (lengths, heads, segments, rates, mode) in enumerate(CASES[world]):
             for causal in (False, True):
                 for transport in ("all_to_all", "ring"):
@@ -168,7 +166,7 @@ def _worker(rank, world, port, result_dir):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_matches_single_device_reference_with_gradients(world, tmp_path):
-    start_ranks(_worker, (world, free_port(), str(tmp_path)), world)
+    start_ranks(_worker, (world, rendezvous(tmp_path), str(tmp_path)), world)
     for rank in range(world):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]

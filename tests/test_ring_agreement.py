@@ -8,7 +8,6 @@ other mismatches aborted the processes in gloo."""
 import json
 import os
 import traceback
-from datetime import timedelta
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from dilcompile import dilated_attention
 from dilcompile.distributed import ring_dilated_attention
 from dilcompile.distributed.agreement import FIELDS, check_agreement, config_row
 
-from ranks import free_port, start_ranks
+from ranks import TIMEOUT, rendezvous, start_ranks
 
 WORLD, LENGTHS = 2, (12, 12)
 BASE = dict(batch=1, heads=2, head_dim=4, dtype=torch.float64,
@@ -53,12 +52,11 @@ def _call(rank: int, change: dict, seed: int = 0):
     return shard, (q, k, v), rows, setup["kw"]
 
 
-def _worker(rank, port, result_dir):
+def _worker(rank, init_method, result_dir):
     report = {"rank": rank, "messages": {}, "error": None}
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD, timeout=TIMEOUT)
         for field, change in CHANGES.items():
             shard, _, _, kw = _call(rank, change)
             try:
@@ -81,7 +79,7 @@ def _worker(rank, port, result_dir):
 
 
 def test_every_rank_raises_the_same_error_naming_what_differs(tmp_path):
-    start_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
+    start_ranks(_worker, (rendezvous(tmp_path), str(tmp_path)), WORLD)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for report in reports:
         assert report["error"] is None, report["error"]

@@ -8,7 +8,6 @@ import json
 import os
 import traceback
 import warnings
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -16,7 +15,7 @@ import torch.distributed as dist
 from dilcompile import MultiheadDilatedAttention, compat, create_multihead_attention
 from dilcompile.distributed import RingMultiheadDilatedAttention
 
-from ranks import free_port, start_ranks
+from ranks import TIMEOUT, rendezvous, start_ranks
 
 WORLD, LENGTHS, E, H = 2, (24, 24), 32, 4
 UNEVEN = (13, 20)  # N = 33: the boundary inside the 16-row segment [16, 32)
@@ -64,12 +63,11 @@ def _factory_and_compat_errors(rank: int) -> dict:
             "compat": (out - seed_full(q, k, v, is_causal=True)[:, rows]).abs().max().item()}
 
 
-def _worker(rank, port, result_dir):
+def _worker(rank, init_method, result_dir):
     report = {"error": None}
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD, timeout=TIMEOUT)
         report["cases"] = {str(causal): _multihead_errors(rank, causal) for causal in (False, True)}
         report["cases"].update({f"uneven {causal}": _multihead_errors(rank, causal, UNEVEN) for causal in (False, True)})
         report["cases"]["empty True"] = _multihead_errors(rank, True, EMPTY)
@@ -83,7 +81,7 @@ def _worker(rank, port, result_dir):
 
 
 def test_ring_multihead_equals_full_sequence_multihead_with_parameter_gradients(tmp_path):
-    start_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
+    start_ranks(_worker, (rendezvous(tmp_path), str(tmp_path)), WORLD)
     for rank in range(WORLD):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["error"] is None, report["error"]

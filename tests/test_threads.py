@@ -20,26 +20,41 @@ from dilcompile.tracing import tracing
 
 @pytest.fixture
 def compile_held_open():
-    """A thread inside torch.compile's trace until the test ends."""
+    """A thread inside torch.compile's trace until the test ends. No wait has a time limit: the trace
+    is held for as long as the test takes, and pytest's --timeout guards against a hang (a limit in
+    seconds here failed on a busy machine, or let the trace go on before the test was done)."""
     entered, release = threading.Event(), threading.Event()
 
     @torch._dynamo.assume_constant_result
     def hold() -> int:  # Dynamo calls it for real while tracing: the trace waits here
         entered.set()
-        release.wait(120)
+        release.wait()
         return 1
 
     def traced(x):
         return x + hold()
 
     result = {}
-    worker = threading.Thread(target=lambda: result.update(out=torch.compile(traced, fullgraph=True)(torch.zeros(2))))
+
+    def compile_():
+        try:
+            result["out"] = torch.compile(traced, fullgraph=True)(torch.zeros(2))
+        except BaseException as exc:
+            result["error"] = exc
+        finally:
+            entered.set()  # a compile that failed before reaching hold() does not leave the test waiting
+
+    worker = threading.Thread(target=compile_, daemon=True)
     worker.start()
-    assert entered.wait(120), "the compile never started"
-    assert torch.compiler.is_compiling()  # the process-wide flag the eager calls below used to read
-    yield
-    release.set()
-    worker.join(120)
+    entered.wait()
+    try:
+        assert worker.is_alive(), f"the compile ended before its trace reached hold(): {result}"
+        assert torch.compiler.is_compiling()  # the process-wide flag the eager calls below used to read
+        yield
+    finally:
+        release.set()
+        worker.join()
+    assert "error" not in result, result
     assert torch.equal(result["out"], torch.ones(2))  # and the held compile itself still worked
 
 
