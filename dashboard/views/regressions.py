@@ -32,6 +32,6 @@ if src is not None:
                 "latency_p80_ms_b"]
         fmt3 = {c: st.column_config.NumberColumn(c.replace("latency_", "").replace("_ms", " ms"), format="%.4g")
                 for c in cols if c.startswith("latency")}
-        st.dataframe(table[cols], hide_index=True, width="stretch",
+        st.dataframe(ui.bounded(table[cols], "points"), hide_index=True, width="stretch",
                      column_config={"ratio": st.column_config.NumberColumn("B ÷ A", format="%.3f"),
                                     "config_label": "config", "seq_len": "N", **fmt3})
