@@ -1,7 +1,8 @@
 # Two entry points, each doing all of its own set-up on a fresh machine:
 #   make run   — the main job: a short standard sweep on this device into runs/dilcompile.duckdb,
 #                printed as a table, then the dashboard on http://127.0.0.1:8501
-#   make test  — the full test suite
+#   make test  — the full test suite (JOBS pytest-xdist workers), then the Hugging Face tests
+#                under the other end of the supported transformers range (tests/hf_versions.py)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,6 +10,8 @@ BIN := $(VENV)/bin
 # override with e.g. `make test TORCH=torch==2.11.0`.
 TORCH ?= torch==2.13.0
 PORT ?= 8501
+# pytest-xdist workers; tests/conftest.py gives each its share of the cores.
+JOBS ?= 2
 
 .PHONY: run test setup browser clean
 
@@ -27,8 +30,10 @@ run: setup
 	@echo "opening the dashboard at http://127.0.0.1:$(PORT) (Ctrl+C stops it)"
 	$(BIN)/dilcompile dashboard --db runs/dilcompile.duckdb --port $(PORT)
 
+# loadgroup: tests marked xdist_group share a worker (one wheel build, one browser at a time).
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
+	$(BIN)/python tests/hf_versions.py
 
 # The dashboard's browser test drives Debian's chromium through Playwright
 # (Playwright's own browser downloads are not used). Installed when missing and root.

@@ -18,15 +18,41 @@ if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Two cores: keep intra-op threads from oversubscribing when pytest-xdist is used.
-torch.set_num_threads(max(1, min(torch.get_num_threads(), int(os.environ.get("DILCOMPILE_TEST_THREADS", "2")))))
+# Under pytest-xdist (`make test` runs two workers) each worker gets its share of the cores, and
+# so do the processes its tests start (OMP_NUM_THREADS): more threads than cores spin at every op
+# instead of waiting. DILCOMPILE_TEST_THREADS overrides the share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = int(os.environ.get("DILCOMPILE_TEST_THREADS", max(1, (os.cpu_count() or 1) // _WORKERS)))
+torch.set_num_threads(max(1, min(torch.get_num_threads(), _THREADS)))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (NVML, NCCL, CUDA events); skipped on CPU")
 
 
+# The longest tests, longest first (--durations on the 2-core machine, Inductor cache cold): they
+# start first, so that the pytest-xdist workers, which take the rest as they come free, finish
+# together instead of one running a long test alone at the end. A stale entry costs only time.
+LONG_FIRST = (
+    "tests/test_gpu_compile.py",  # ahead-of-time cubin compiles
+    "tests/test_bench_hf_serving.py",
+    "tests/test_block_sparse.py::test_flex_serves_many_lengths_with_few_graphs",
+    "tests/test_decode_cache.py::test_compiled_generate_fullgraph_recompiles_do_not_grow_with_tokens",
+    "tests/test_fake_gpu.py",  # Inductor in subprocesses
+    "tests/test_docs_snippets.py",  # each block in a fresh interpreter, most with an Inductor compile
+    "tests/test_compiler_mask_pass.py",
+    "tests/test_bench_",  # each benchmark script in a subprocess
+)
+
+
+def _long_rank(item) -> int:
+    return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_long_rank)  # stable: the rest keeps its order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run with DILCOMPILE_TEST_DEVICE=cuda on a GPU machine")

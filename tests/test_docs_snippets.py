@@ -36,7 +36,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^[ \t]*```python[ \t]*$")
 ANY_PY_FENCE = re.compile(r"^[ \t]*```[ \t]*py", re.I)  # ```py, ```pycon, ```python3: would be missed
 MARKER = re.compile(r"<!--\s*snippet:\s*(?P<kind>\S+)(?P<body>.*?)-->", re.S)
-TIMEOUT_S = 120  # per block; the slowest (README's, with an Inductor compile) takes ~13 s on 2 cores
+# Per block, a guard against a hang, not a size rule: the slowest (serving.md's compiled generate, README's
+# Inductor compile) take seconds on a quiet 2-core machine and passed 120 s on a busy one. Below
+# pytest's --timeout (pyproject.toml), so this message is the one that shows.
+TIMEOUT_S = 900
 # One intra-op thread: the examples are small, and two threads on two cores that
 # something else keeps busy spin at every op (serving.md's generate: 9 s, not 1.5 s).
 THREADS = "1"
@@ -127,7 +130,8 @@ def test_snippet_runs(snippet, tmp_path):
         done = subprocess.run([sys.executable, "-c", RUNNER, str(setup), str(code)], cwd=work, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{snippet.id} ran past {TIMEOUT_S} s; make the example smaller in the docs", pytrace=False)
+        pytest.fail(f"{snippet.id} ran past {TIMEOUT_S} s (it takes seconds on a quiet machine): a hang?",
+                    pytrace=False)
     if done.returncode != 0:
         pytest.fail(f"{snippet.id} failed (exit {done.returncode}); it ran as {code.name}, after its setup "
                     f"(setup.py):\n{done.stderr[-4000:]}", pytrace=False)
