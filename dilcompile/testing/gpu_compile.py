@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -99,15 +100,8 @@ def launch_flags(config: Config) -> dict:
                              causal=config.causal, has_keep=config.has_keep, varlen=config.varlen, interpreting=False)
 
 
-def compile_kernel(config: Config):
-    """Compile one configuration; returns (triton's compiled kernel, ptxas's -v log)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("TRITON_INTERPRET=1: unset it to compile for a GPU")
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def _build(config: Config):
+    """(kernel, signature, constexprs, specialisation, options) of ``config``: what triton.compile takes."""
     from dilcompile.kernels import triton_dilated as kernels
 
     fn = getattr(kernels, config.kernel)
@@ -134,6 +128,36 @@ def compile_kernel(config: Config):
     # aligned pointers, and N, D and w divisible by 16 (head dims here are).
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
              if signature[arg].startswith("*") or arg in ("N", "D", "w")}
+    return fn, signature, constexprs, attrs, options
+
+
+def build_key(config: Config) -> str:
+    """One kernel build: the kernels' source file (each kernel and what it
+    calls), triton's version (its ptxas), signature, constexprs,
+    specialisation, options and target. Configurations of one key compile to
+    one cubin, so one compile serves them all, in this run and the next."""
+    import triton
+
+    from dilcompile.kernels import triton_dilated as kernels
+
+    fn, signature, constexprs, attrs, options = _build(config)
+    with open(kernels.__file__, "rb") as f:
+        source = hashlib.sha256(f.read()).hexdigest()
+    build = [triton.__version__, source, config.kernel, signature, sorted(constexprs.items()), sorted(map(str, attrs.items())),
+             sorted(options.items()), config.arch]
+    return hashlib.sha256(json.dumps(build).encode()).hexdigest()
+
+
+def compile_kernel(config: Config):
+    """Compile one configuration; returns (triton's compiled kernel, ptxas's -v log)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1: unset it to compile for a GPU")
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, signature, constexprs, attrs, options = _build(config)
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = True
     knobs.compilation.always_compile = True  # a cached kernel brings no ptxas report
@@ -162,12 +186,35 @@ def report(config: Config) -> Report:
                   shared_bytes=int(compiled.metadata.shared), fp64_instructions=compiled.asm["ptx"].count(".f64"))
 
 
+def cache_dir() -> str:
+    """Where reports are kept by build key: $DILCOMPILE_GPU_COMPILE_CACHE, else ~/.cache/dilcompile/gpu_compile."""
+    return os.environ.get("DILCOMPILE_GPU_COMPILE_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "dilcompile", "gpu_compile")
+
+
 def reports(configs: list[Config], jobs: int = 2) -> list[Report]:
-    """``report`` of every configuration, ``jobs`` processes at a time."""
-    if jobs <= 1:
-        return [report(c) for c in configs]
-    with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(report, configs, chunksize=4))
+    """``report`` of every configuration, ``jobs`` processes at a time: one
+    compile per distinct build (``build_key``), none for a build whose report
+    an earlier run kept (``cache_dir``)."""
+    keys = [build_key(c) for c in configs]
+    found: dict[str, dict] = {}
+    for key in set(keys):
+        path = os.path.join(cache_dir(), key + ".json")
+        if os.path.exists(path):
+            with open(path) as f:
+                found[key] = json.load(f)
+    todo = {key: config for key, config in zip(keys, configs) if key not in found}
+    os.makedirs(cache_dir(), exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(ProcessPoolExecutor(jobs)) if jobs > 1 and len(todo) > 1 else None
+        made = pool.map(report, todo.values(), chunksize=1) if pool else map(report, todo.values())
+        for key, r in zip(todo, made):  # kept as each arrives: a run cut short leaves what it compiled
+            found[key] = {k: v for k, v in asdict(r).items() if k != "config"}
+            temporary = os.path.join(cache_dir(), f"{key}.{os.getpid()}.tmp")
+            with open(temporary, "w") as f:
+                json.dump(found[key], f)
+            os.replace(temporary, os.path.join(cache_dir(), key + ".json"))  # whole or absent
+    return [Report(config, **found[key]) for key, config in zip(keys, configs)]
 
 
 def main(argv=None) -> int:
