@@ -23,11 +23,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from dilcompile import dilated_attention  # noqa: E402
 from dilcompile.cli._bench import close_store, open_store, parser  # noqa: E402
 from dilcompile.cli._util import render  # noqa: E402
 from dilcompile.dilated.geometry import nnz, plan_parts  # noqa: E402
-from dilcompile.dilated.impl import sdpa as impl  # noqa: E402  (its merge switch is a module global)
+from dilcompile.dilated.impl.sdpa import dilated_forward  # noqa: E402
 from dilcompile.kernels import attention as kernels  # noqa: E402  (so is the cuDNN refusal set)
 from dilcompile.profile.measure import Timer  # noqa: E402
 from dilcompile.profile.record import timing_columns  # noqa: E402
@@ -41,8 +40,7 @@ PATHS = ("per-piece merge, flash", "one merge, flash", "one merge, cudnn")
 IMPLS = dict(zip(PATHS, ("sdpa/per-piece-flash", "sdpa/merge-flash", "sdpa/merge-cudnn")))  # the rows' impl
 
 
-def _use(path: str, one_merge) -> None:
-    impl.merges_in_one_kernel = one_merge if path != PATHS[0] else (lambda q: False)
+def _use(path: str) -> None:
     kernels._CUDNN_REFUSED.clear()
     if "flash" in path:  # as if cuDNN had refused these shapes
         kernels._CUDNN_REFUSED.update({(torch.bfloat16, DIM, causal, outer) for causal in (False, True)
@@ -58,19 +56,20 @@ def main(argv=None) -> int:
     recorder = open_store(PROG, args.db, vars(args), "cuda", tag=args.tag)
     if recorder is None:
         return 1
-    one_merge, timer, table = impl.merges_in_one_kernel, Timer(recorder.device), []
+    timer, table = Timer(recorder.device), []
+    parts = plan_parts(HEADS, SEGMENTS, RATES, "longnet")
     base = {"pass": "fwd", "dtype": "bfloat16", "batch": 1, "heads": HEADS, "head_dim": DIM, "causal": False,
             "compiled": False, "status": "ok"}
     for n in args.seq_lens:
         q, k, v = (torch.randn(1, HEADS, n, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
-        def call():
-            return dilated_attention(q, k, v, segment_lengths=SEGMENTS, dilation_rates=RATES, impl="sdpa")
+        def call(path):  # impl="sdpa"'s forward, its merge path chosen per call
+            return dilated_forward(q, k, v, parts, False, DIM ** -0.5, one_merge=path != PATHS[0])[0]
 
         outs = {}
         for path in PATHS:
-            _use(path, one_merge)
-            outs[path] = call()
+            _use(path)
+            outs[path] = call(path)
         dense = None
         if n <= 131072:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -81,8 +80,8 @@ def main(argv=None) -> int:
         best = {}
         for _ in range(args.rounds):  # interleaved; each path's best round is kept
             for path in PATHS:
-                _use(path, one_merge)
-                timing = timer.time(call, args.repeats)
+                _use(path)
+                timing = timer.time(lambda path=path: call(path), args.repeats)
                 best[path] = min(best.get(path, timing), timing, key=lambda t: t.median_ms)
         useful = 4.0 * DIM * nnz(plan_parts(HEADS, SEGMENTS, RATES, "longnet"), HEADS, n, False)
         for path in PATHS:
@@ -96,7 +95,7 @@ def main(argv=None) -> int:
             table.append([n, IMPLS[path], row["latency_ms"], row["useful_tflops"], row["efficiency"], diff])
         del q, k, v, outs
         torch.cuda.empty_cache()
-    _use(PATHS[2], one_merge)
+    _use(PATHS[2])
     if close_store(PROG, recorder):
         return 1
     print(render(["N", "impl", "ms", "TFLOP/s", "η vs dense cuDNN", "max |Δ| vs per-piece"], table))

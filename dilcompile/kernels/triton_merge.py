@@ -16,12 +16,9 @@ output, in q's dtype, and the lse are written once (docs/performance.md,
 
 The pieces are separate allocations, so the kernel takes their addresses in
 a table (int64, one per piece) and casts them to pointers, as Triton's
-grouped-GEMM tutorial does; their geometry comes in an int32 table:
-
-    GEOM[p] = (segment w, rate r, offset, first segment, segments, rows, first head, heads,
-               batch stride, head stride, segment stride)
-
-and ``HEAD_PIECES[h]`` lists the pieces of head h (−1 pads). Row n of head h
+grouped-GEMM tutorial does; their geometry comes in an int32 table, one
+``Geometry`` row per piece (the kernel reads each field at its named
+offset), and ``HEAD_PIECES[h]`` lists the pieces of head h (−1 pads). Row n of head h
 is in piece p iff its segment s = n // w is one of p's, and n − s·w = offset +
 t·r with t < rows; it is row t of segment s − first of head h − first head,
 at row b·(batch stride) + (h − first head)·(head stride) + (s − first)·(segment
@@ -35,10 +32,36 @@ a NaN lse makes the row NaN.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
-GEOM_FIELDS = 11
+
+class Geometry(NamedTuple):
+    """Where a piece's rows are: a row of the int32 GEOM table."""
+    segment: int  # w
+    rate: int  # r
+    offset: int  # the part's class offset
+    first: int  # first segment of the piece
+    segments: int
+    rows: int  # kept rows per segment
+    first_head: int
+    heads: int
+    stride_b: int  # the piece's batch, head and segment strides, in rows
+    stride_h: int
+    stride_s: int
+
+
+def _at(field: str) -> tl.constexpr:
+    """``field``'s offset in a GEOM row, as the kernel reads it (a jit function takes module-level constexprs)."""
+    return tl.constexpr(Geometry._fields.index(field))
+
+
+ROW = tl.constexpr(len(Geometry._fields))
+SEGMENT, RATE, OFFSET, FIRST, SEGMENTS = _at("segment"), _at("rate"), _at("offset"), _at("first"), _at("segments")
+ROWS, FIRST_HEAD, STRIDE_B, STRIDE_H, STRIDE_S = (_at("rows"), _at("first_head"), _at("stride_b"), _at("stride_h"),
+                                                  _at("stride_s"))
 
 
 @triton.jit
@@ -60,11 +83,12 @@ def _merge_pieces_kernel(
     for j in range(MAX_PIECES):
         p = tl.load(HEAD_PIECES + h * MAX_PIECES + j)
         if p >= 0:
-            g = GEOM + p * 11  # GEOM_FIELDS
-            w, r, off = tl.load(g), tl.load(g + 1), tl.load(g + 2)
-            first, segments, rows = tl.load(g + 3), tl.load(g + 4), tl.load(g + 5)
-            h0 = tl.load(g + 6)
-            stride_b, stride_h, stride_s = tl.load(g + 8).to(tl.int64), tl.load(g + 9), tl.load(g + 10)
+            g = GEOM + p * ROW
+            w, r, off = tl.load(g + SEGMENT), tl.load(g + RATE), tl.load(g + OFFSET)
+            first, segments, rows = tl.load(g + FIRST), tl.load(g + SEGMENTS), tl.load(g + ROWS)
+            h0 = tl.load(g + FIRST_HEAD)
+            stride_b, stride_h, stride_s = tl.load(g + STRIDE_B).to(tl.int64), tl.load(g + STRIDE_H), \
+                tl.load(g + STRIDE_S)
             s = n // w
             rel = n - s * w - off
             t = rel // r
@@ -95,7 +119,7 @@ def _merge_pieces_kernel(
 
 def merge_pieces(pieces, shape, dtype, device):
     """out (B, H, N, D) in ``dtype`` and lse (B, H, N) float32 from ``pieces``:
-    (geometry, out, lse) with geometry the 11 ints of GEOM (module doc), out a
+    (``Geometry``, out, lse) with out a
     (B, heads, segments, rows, D) view with dense rows and lse its (…, rows)
     float32 log-sum-exp, the same strides ÷ D. The tensors must stay alive until the kernel has run (the
     caller holds them; the launch is on the current stream)."""
@@ -106,7 +130,7 @@ def merge_pieces(pieces, shape, dtype, device):
     lse = torch.empty(shape[:-1], dtype=torch.float32, device=device)
     per_head = [[] for _ in range(heads)]
     for p, (geometry, _, _) in enumerate(pieces):
-        for h in range(geometry[6], geometry[6] + geometry[7]):
+        for h in range(geometry.first_head, geometry.first_head + geometry.heads):
             per_head[h].append(p)
     most = max(1, max(len(ps) for ps in per_head))
     table = [ps + [-1] * (most - len(ps)) for ps in per_head]

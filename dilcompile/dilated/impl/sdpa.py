@@ -34,13 +34,65 @@ def _spans(n: int, part: Part) -> Iterator[tuple[int, int, int]]:
 class Call:
     """One kernel call: ``parts`` of one layer over the same span, each the
     next one's neighbour (offset + 1, the next block of as many heads), so
-    that their rows form one strided view (``_view``)."""
+    that their rows form one strided view. It owns that geometry: the view of
+    a (B, H, N, …) tensor, the kernel's flattened input, the result back in
+    the view's shape, and the pieces the merge kernel reads."""
 
     parts: tuple[Part, ...]
     first: int  # first segment of the span
     segments: int
     length: int  # positions per segment in the span (w, or the short last segment)
     rows: int  # kept rows per segment, the same for every part
+
+    def view(self, x: Tensor) -> Tensor:
+        """The rows of this call in ``x`` (B, H, N, *rest) as a view
+        (B, parts, heads, segments, rows, *rest): part j starts ``j`` blocks of
+        heads and ``j`` positions after the first."""
+        p = self.parts[0]
+        s_b, s_h, s_n, *rest = x.stride()
+        heads = p.h1 - p.h0
+        start = x.storage_offset() + p.h0 * s_h + (self.first * p.segment + p.offset) * s_n
+        size = (x.shape[0], len(self.parts), heads, self.segments, self.rows, *x.shape[3:])
+        return x.as_strided(size, (s_b, heads * s_h + s_n, s_h, p.segment * s_n, p.rate * s_n, *rest), start)
+
+    def order(self, q: Tensor) -> tuple[int, ...]:
+        """How the kernel's two leading dims group q's view (``_grouping``)."""
+        return _grouping(self.view(q))
+
+    def flatten(self, x: Tensor, order: tuple[int, ...], dense: bool = False) -> Tensor:
+        """The kernel's 4-D input (X, Y, rows, *rest) of ``x``'s rows grouped by
+        ``order``: a view where the strides allow it, else a copy; ``dense``:
+        contiguous on CUDA, whose backward kernels want dense rows."""
+        view = self.view(x)
+        flat = view.permute(*order, *range(4, view.dim())).flatten(2, 3).flatten(0, 1)
+        if dense and not (flat.device.type == "cpu" and flat.stride(-1) == 1):
+            flat = flat.contiguous()
+        return flat
+
+    def unflatten(self, result: Tensor, batch: int, order: tuple[int, ...]) -> Tensor:
+        """The kernel's (X, Y, rows, *rest) result as (B, parts, heads, segments, rows, *rest): a view."""
+        p = self.parts[0]
+        lead = (batch, len(self.parts), p.h1 - p.h0, self.segments)
+        back = sorted(range(4), key=order.__getitem__)
+        return result.view(*(lead[d] for d in order), *result.shape[2:]).permute(*back, *range(4, result.dim() + 2))
+
+    def key_mask(self, key_mask: Tensor | None, q: Tensor, order: tuple[int, ...]) -> Tensor | None:
+        """The kernel's key mask (X, Y, 1, rows), True = keep, from a (B, N) key
+        mask (True = removed); None if unmasked."""
+        if key_mask is None:
+            return None
+        keep = (~key_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
+        return self.flatten(keep, order, dense=True)[:, :, None, :]
+
+    def pieces(self, out: Tensor, lse: Tensor) -> list:
+        """(Geometry, out, lse) of each part for the merge kernel
+        (``kernels/triton_merge.py``) from this call's unflattened result:
+        out (B, parts, heads, segments, rows, D) with dense rows, lse its (…, rows)."""
+        from ...kernels.triton_merge import Geometry
+
+        return [(Geometry(part.segment, part.rate, part.offset, self.first, self.segments, self.rows, part.h0,
+                          part.h1 - part.h0, *lse[:, j].stride()[:3]), out[:, j], lse[:, j])
+                for j, part in enumerate(self.parts)]
 
 
 def _follows(a: Part, b: Part) -> bool:
@@ -56,7 +108,7 @@ def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = 
     moves by its heads and one position; the LongNet configuration at B = 1
     is 5 calls instead of 31, which is most of the host time of a forward at
     N = 16K (docs/performance.md). Otherwise one call per part and span, each
-    read in place (``_grouping``): with several batch rows the batch and block
+    read in place (``Call.order``): with several batch rows the batch and block
     strides differ, and with positions outer (a (B, N, H, D) tensor seen
     transposed, as a projection leaves q) the blocks are not one stride apart,
     so a shared call would copy its rows — on this CPU (LongNet-like, H = 16,
@@ -88,18 +140,6 @@ def holds_heads_outer(x: Tensor) -> bool:
     return x.shape[1] <= 1 or x.shape[2] <= 1 or x.stride(1) >= x.shape[2] * x.stride(2)
 
 
-def _view(x: Tensor, call: Call) -> Tensor:
-    """The rows of ``call`` in ``x`` (B, H, N, *rest) as a view
-    (B, parts, heads, segments, rows, *rest): part j starts ``j`` blocks of
-    heads and ``j`` positions after the first."""
-    p = call.parts[0]
-    s_b, s_h, s_n, *rest = x.stride()
-    heads = p.h1 - p.h0
-    start = x.storage_offset() + p.h0 * s_h + (call.first * p.segment + p.offset) * s_n
-    size = (x.shape[0], len(call.parts), heads, call.segments, call.rows, *x.shape[3:])
-    return x.as_strided(size, (s_b, heads * s_h + s_n, s_h, p.segment * s_n, p.rate * s_n, *rest), start)
-
-
 # How a call's (B, parts, heads, segments) become the kernel's two leading dims: heads outer,
 # (B·parts, heads·segments), a view of a (B, H, N, D) tensor; segments outer, (B·segments,
 # parts·heads), a view of the (B, N, H, D) tensor a projection leaves (seen transposed).
@@ -120,56 +160,27 @@ def _grouping(view: Tensor) -> tuple[int, ...]:
     return HEADS_OUTER
 
 
-def _flat(view: Tensor, order: tuple[int, ...]) -> Tensor:
-    """(B, parts, heads, segments, rows, *rest) → the kernel's 4-D input
-    (X, Y, rows, *rest) grouped by ``order``: a view where the strides
-    allow it, else a copy."""
-    dims = (*order, *range(4, view.dim()))
-    return view.permute(dims).flatten(2, 3).flatten(0, 1)
-
-
-def _unflat(result: Tensor, lead, order: tuple[int, ...]) -> Tensor:
-    """The kernel's (X, Y, rows, *rest) result as (B, parts, heads, segments,
-    rows, *rest), ``lead`` = (B, parts, heads, segments): a view."""
-    back = sorted(range(4), key=order.__getitem__)
-    return result.view(*(lead[d] for d in order), *result.shape[2:]).permute(*back, *range(4, result.dim() + 2))
-
-
-def _batched(view: Tensor, order: tuple[int, ...]) -> Tensor:
-    """``_flat``, contiguous on CUDA, whose backward kernels want dense rows."""
-    flat = _flat(view, order)
-    return flat if flat.device.type == "cpu" and flat.stride(-1) == 1 else flat.contiguous()
-
-
-def _key_mask(key_mask: Tensor | None, q: Tensor, call: Call, order: tuple[int, ...]) -> Tensor | None:
-    """The kernel's key mask of ``call`` (X, Y, 1, rows), True = keep, from a
-    (B, N) key mask (True = removed); None if unmasked."""
-    if key_mask is None:
-        return None
-    keep = (~key_mask)[:, None, :].expand(q.shape[:-1])  # (B, H, N)
-    return _batched(_view(keep, call), order)[:, :, None, :]
-
-
 def dilated_forward(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
-    key_mask: Tensor | None = None,
+    key_mask: Tensor | None = None, one_merge: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
     ``key_mask`` (B, N) bool, True = removed: those keys are masked out, positions stay.
-    Rows no part covers (or whose keys are all removed) get out 0, lse −inf."""
-    if merges_in_one_kernel(q):
+    Rows no part covers (or whose keys are all removed) get out 0, lse −inf.
+    ``one_merge``: merge every piece in one Triton kernel (True) or piece by
+    piece into an fp32 buffer (False); None: where ``merges_in_one_kernel``."""
+    if merges_in_one_kernel(q) if one_merge is None else one_merge:
         return _forward_merged_once(q, k, v, parts, causal, scale, key_mask)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
     for call in _plan(q, parts):
-        qv = _view(q, call)
-        order = _grouping(qv)
-        call_out, call_lse = attention_forward(*(_batched(x, order) for x in (qv, _view(k, call), _view(v, call))),
-                                               causal, scale, _key_mask(key_mask, q, call, order))
-        ov, lv = _view(out, call), _view(lse, call)
-        call_out, call_lse = _unflat(call_out, ov.shape[:4], order), _unflat(call_lse, lv.shape[:4], order)
+        order = call.order(q)
+        call_out, call_lse = attention_forward(*(call.flatten(x, order, dense=True) for x in (q, k, v)), causal,
+                                               scale, call.key_mask(key_mask, q, order))
+        ov, lv = call.view(out), call.view(lse)
+        call_out, call_lse = call.unflatten(call_out, q.shape[0], order), call.unflatten(call_lse, q.shape[0], order)
         if call.parts[0].layer:
             merge_into(ov, lv, call_out, call_lse)
         else:
@@ -180,7 +191,7 @@ def dilated_forward(
 
 def merges_in_one_kernel(q: Tensor) -> bool:
     """Whether the forward merges its pieces in one Triton kernel
-    (``kernels/triton_merge.py``): on CUDA, for the dtypes whose lse is float32."""
+    (``kernels/triton_merge.py``) by default: on CUDA, for the dtypes whose lse is float32."""
     return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and HAS_TRITON
 
 
@@ -193,16 +204,12 @@ def _forward_merged_once(q, k, v, parts, causal, scale, key_mask):
 
     pieces = []
     for call in _plan(q, parts):
-        qv = _view(q, call)
-        order = _grouping(qv)
-        out, lse = attention_forward(*(_flat(x, order) for x in (qv, _view(k, call), _view(v, call))), causal,
-                                     scale, _key_mask(key_mask, q, call, order))
-        out = _unflat(out.contiguous(), qv.shape[:4], order)  # (B, parts, heads, segments, rows, D)
-        lse = _unflat(lse.float().contiguous(), qv.shape[:4], order)  # its rows: the same strides ÷ D
-        for j, part in enumerate(call.parts):
-            geometry = (part.segment, part.rate, part.offset, call.first, call.segments, call.rows, part.h0,
-                        part.h1 - part.h0, *lse[:, j].stride()[:3])  # (B, heads, segments) strides, in rows
-            pieces.append((geometry, out[:, j], lse[:, j]))
+        order = call.order(q)
+        out, lse = attention_forward(*(call.flatten(x, order) for x in (q, k, v)), causal, scale,
+                                     call.key_mask(key_mask, q, order))
+        out = call.unflatten(out.contiguous(), q.shape[0], order)  # (B, parts, heads, segments, rows, D)
+        lse = call.unflatten(lse.float().contiguous(), q.shape[0], order)  # its rows: the same strides ÷ D
+        pieces += call.pieces(out, lse)
     return merge_pieces(pieces, q.shape, q.dtype, q.device)
 
 
@@ -230,19 +237,16 @@ def dilated_backward(
     if grad_lse is not None:
         tensors += (grad_lse,)
     for call in _plan(q, parts):
-        views = [_view(t, call) for t in tensors]
-        order = _grouping(views[1])  # q's: the grouping that views its rows
-        do_, q_, k_, v_, o_, l_ = (_batched(t, order) for t in views[:6])
-        dq_v, dk_v, dv_v = views[6:9]
-        mask = _key_mask(key_mask, q, call, order)
+        order = call.order(q)  # the grouping that views q's rows
+        do_, q_, k_, v_, o_, l_ = (call.flatten(t, order, dense=True) for t in tensors[:6])
+        mask = call.key_mask(key_mask, q, order)
         dq, dk, dv = attention_backward(do_, q_, k_, v_, o_, l_, causal, scale, mask)
         if grad_lse is not None:
-            g = _batched(views[9], order)
+            g = call.flatten(tensors[9], order, dense=True)
             extra_dq, extra_dk = _lse_grad(g, q_, k_, v_, o_, l_, causal, scale, mask)
             dq, dk = dq.to(acc) + extra_dq, dk.to(acc) + extra_dk
-        dq_v += _unflat(dq, dq_v.shape[:4], order)
-        dk_v += _unflat(dk, dk_v.shape[:4], order)
-        dv_v += _unflat(dv, dv_v.shape[:4], order)
+        for grad, result in zip(grads, (dq, dk, dv)):
+            call.view(grad).add_(call.unflatten(result, q.shape[0], order))
     return tuple(g.to(q.dtype) for g in grads)
 
 
