@@ -4,6 +4,8 @@ process, up once its health endpoint answers, stopped on exit."""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,37 +15,54 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now. Under pytest-xdist each worker takes only the ports of its own
+    residue (port % workers == its index): a port one worker found free is never handed to a server
+    of the other, whose health check would answer for a server that failed to start."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port % workers == index % workers:
+            return port
 
 
 @contextlib.contextmanager
-def dashboard_server(db, *, cwd: Path, env: dict, extra_args=(), timeout: float = 120.0,
+def dashboard_server(db, *, cwd: Path, env: dict, extra_args=(), timeout: float = 600.0,
                      python: str = sys.executable):
     """Run ``python -m dilcompile dashboard --db db`` on a free port in ``cwd``
     with ``env`` (``python``: this interpreter, or another such as a venv's);
     yields the port once ``/_stcore/health`` answers ``ok``. A server that
-    exits or does not answer within ``timeout`` seconds fails with its log."""
-    port = free_port()
-    with open(Path(cwd) / "dashboard.log", "w+") as log:
-        proc = subprocess.Popen([python, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port),
-                                 *extra_args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + timeout
-            while not _healthy(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise AssertionError(f"the dashboard did not come up on port {port}:\n{log.read()[-3000:]}")
-                time.sleep(0.25)  # polling for the server
-            yield port
-        finally:
-            proc.terminate()
+    exits, or does not answer within ``timeout`` seconds (a guard against a
+    hang, far above the seconds a start takes), fails with its log;
+    one whose port was taken between choosing it and listening on it (by
+    another process) is started again on another port."""
+    for attempt in range(3):
+        port = free_port()
+        with open(Path(cwd) / "dashboard.log", "w+") as log:
+            proc = subprocess.Popen([python, "-m", "dilcompile", "dashboard", "--db", str(db), "--port", str(port),
+                                     *extra_args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                deadline = time.monotonic() + timeout
+                while not _healthy(port):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        text = log.read()
+                        if proc.returncode is not None and re.search(r"in use|not available", text) and attempt < 2:
+                            break
+                        raise AssertionError(f"the dashboard did not come up on port {port}:\n{text[-3000:]}")
+                    time.sleep(0.25)  # polling for the server
+                else:
+                    yield port
+                    return
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def _healthy(port: int) -> bool:

@@ -399,9 +399,14 @@ def test_cache_key_changes_when_a_hashed_file_changes_and_is_computed_once(tmp_p
 
 # -- the wheel -------------------------------------------------------------------------------------
 
+# The wheel is built once and installed into one venv (module fixtures): under pytest-xdist the tests
+# that use them run on one worker (xdist_group), which builds them once.
+WHEEL = pytest.mark.xdist_group("wheel")
+
+
 @pytest.fixture(scope="module")
-def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
-    """(the wheel, a --target folder it is installed into, without dependencies)."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the checkout without dependencies."""
     pytest.importorskip("setuptools", reason="building the wheel needs setuptools (pip install setuptools)")
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"  # a copy: the build writes build/ and *.egg-info next to pyproject.toml
@@ -413,14 +418,12 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(pip + ["wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist")],
                    check=True, capture_output=True, timeout=300)
-    (wheel,) = (tmp / "dist").glob("*.whl")
-    subprocess.run(pip + ["install", "--no-deps", "--target", str(tmp / "site"), str(wheel)], check=True,
-                   capture_output=True, timeout=300)
-    return wheel, tmp / "site"
+    (built,) = (tmp / "dist").glob("*.whl")
+    return built
 
 
-def test_wheel_holds_every_module_and_the_dashboard(installed_wheel):
-    wheel, _ = installed_wheel
+@WHEEL
+def test_wheel_holds_every_module_and_the_dashboard(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     want = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")}
     want |= {f"{PACKAGE}/dashboard/" + p.relative_to(ROOT / "dashboard").as_posix()
@@ -430,33 +433,8 @@ def test_wheel_holds_every_module_and_the_dashboard(installed_wheel):
     assert f"{PACKAGE}/dashboard/app.py" in names and f"{PACKAGE}/dashboard/views/overview.py" in names
 
 
-def test_dashboard_starts_from_the_installed_wheel(installed_wheel, tmp_path):
-    pytest.importorskip("streamlit", reason="the dashboard needs streamlit: pip install 'dilcompile[dashboard]'")
-    pytest.importorskip("plotly", reason="the dashboard needs plotly: pip install 'dilcompile[dashboard]'")
-    _, site = installed_wheel
-    # Outside the checkout, with only the installed wheel (and the venv's dependencies) importable.
-    env = {**os.environ, "PYTHONPATH": str(site), "DILCOMPILE_REFERENCE_RUNS": str(tmp_path / "none"),
-           "TMPDIR": str(tmp_path)}
-    db = tmp_path / "runs.duckdb"
-    out = _python(f"""
-        import dilcompile, dilcompile.cli.dashboard as cli
-        from streamlit.testing.v1 import AppTest
-        app = cli.app_path()
-        assert str(app).startswith({str(site)!r}) and dilcompile.__file__.startswith({str(site)!r}), app
-        at = AppTest.from_file(str(app), default_timeout=120).run()
-        assert not at.exception, [e.value for e in at.exception]
-        print(" ".join(w.value for w in at.warning))
-        at.switch_page("views/patterns.py").run()  # a page that draws (torch + plotly), no store needed
-        assert not at.exception, [e.value for e in at.exception]
-    """, cwd=tmp_path, env={**env, "DILCOMPILE_DB": str(db)}, timeout=300)
-    assert "Nothing to show yet" in out and str(db) in out  # the overview page ran, on the empty store
-
-    with dashboard_server(db, cwd=tmp_path, env=env, timeout=90):
-        pass  # up: /_stcore/health answered "ok" from the server the installed wheel started
-
-
-def test_wheel_carries_the_license_the_standard_sweeps_and_the_reference_runs(installed_wheel):
-    wheel, _ = installed_wheel
+@WHEEL
+def test_wheel_carries_the_license_the_standard_sweeps_and_the_reference_runs(wheel):
     archive = zipfile.ZipFile(wheel)
     names = set(archive.namelist())
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -497,12 +475,13 @@ def _outside_env(tmp: Path, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def wheel_venv(installed_wheel, tmp_path_factory) -> Path:
+def wheel_venv(wheel, tmp_path_factory) -> Path:
     """A fresh venv outside the checkout with the wheel pip-installed (no
     dependencies): this interpreter's packages (torch, duckdb, streamlit, ...)
     come after the venv's own through a plain path line, so ``dilcompile``
-    can only be the wheel's (the checkout's editable hook is not run)."""
-    wheel, _ = installed_wheel
+    can only be the wheel's. Not a ``--target`` folder on PYTHONPATH: there the
+    checkout's editable install (a finder this interpreter's site-packages
+    loads) would still supply a module missing from the wheel."""
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -517,6 +496,7 @@ def wheel_venv(installed_wheel, tmp_path_factory) -> Path:
     return venv
 
 
+@WHEEL
 def test_quick_sweep_runs_from_the_wheel_in_a_venv_outside_the_checkout(wheel_venv, tmp_path):
     from dilcompile.profile.sweep import load
 
@@ -540,7 +520,10 @@ def test_quick_sweep_runs_from_the_wheel_in_a_venv_outside_the_checkout(wheel_ve
     assert [json.loads(line) for line in stored.stdout.splitlines()] == [{"sweep_name": "quick", "status": "ok"}]
 
 
-def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs(wheel_venv, tmp_path):
+@WHEEL
+def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs_and_starts(wheel_venv, tmp_path):
+    """Without a store, the wheel's reference runs; with neither, the overview says so and names
+    the store; a page that draws without a store (torch + plotly); then the server itself."""
     pytest.importorskip("streamlit", reason="the dashboard needs streamlit: pip install 'dilcompile[dashboard]'")
     pytest.importorskip("plotly", reason="the dashboard needs plotly: pip install 'dilcompile[dashboard]'")
     duckdb = pytest.importorskip("duckdb", reason="the run store needs duckdb: pip install 'dilcompile[store]'")
@@ -549,20 +532,28 @@ def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs(wh
     db = tmp_path / "missing.duckdb"  # no store: the dashboard falls back to the runs the wheel carries
     env = _outside_env(tmp_path, DILCOMPILE_DB=str(db))
     python = str(wheel_venv / "bin" / "python")
-    out = _python("""
-        import json, dilcompile, dilcompile.cli.dashboard as cli
+    out = _python(f"""
+        import json, os, dilcompile, dilcompile.cli.dashboard as cli
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file(str(cli.app_path()), default_timeout=120).run()
         assert not at.exception, [e.value for e in at.exception]
-        print(json.dumps({"app": str(cli.app_path()), "package": dilcompile.__file__,
-                          "info": [i.value for i in at.info], "metrics": {m.label: m.value for m in at.metric}}))
+        shown = {{"app": str(cli.app_path()), "package": dilcompile.__file__,
+                 "info": [i.value for i in at.info], "metrics": {{m.label: m.value for m in at.metric}}}}
+        os.environ["DILCOMPILE_REFERENCE_RUNS"] = {str(tmp_path / "none")!r}  # no reference runs either
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        shown["warning"] = " ".join(w.value for w in at.warning)
+        at.switch_page("views/patterns.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        print(json.dumps(shown))
     """, cwd=tmp_path, env=env, timeout=300, python=python)
     shown = json.loads(out.strip().splitlines()[-1])
     assert shown["app"].startswith(str(wheel_venv)) and shown["package"].startswith(str(wheel_venv)), shown
     assert "Showing the reference runs" in shown["info"][0], shown["info"]
     assert shown["metrics"]["runs"] == str(measured), (shown["metrics"], measured)
+    assert "Nothing to show yet" in shown["warning"] and str(db) in shown["warning"], shown["warning"]
 
-    with dashboard_server(db, cwd=tmp_path, env=env, timeout=90, python=python):
+    with dashboard_server(db, cwd=tmp_path, env=env, python=python):
         pass  # up: /_stcore/health answered "ok" from the server the venv's wheel started
 
 
