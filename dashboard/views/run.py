@@ -38,8 +38,11 @@ if src is not None:
     c1, c2 = st.columns(2)
     sweep = ui.pick(c1, "sweep", sweeps, label, key="run_sweep")
     in_sweep = df[df["sweep_id"] == sweep]
-    names = {r["run_id"]: f"{r['variant']}{' (compiled)' if r['compiled'] else ''} · {r['dtype']} · {r['pass']} · "
-                          f"N={r['seq_len']} · {r['config_label']} · {r['status']}" for _, r in in_sweep.iterrows()}
+    listed = ui.bounded(in_sweep, "runs of this sweep (newest first) in the run picker")
+    text = {c: listed[c].map(str) for c in ("variant", "dtype", "pass", "seq_len", "config_label", "status")}
+    names = dict(zip(listed["run_id"], text["variant"] + listed["compiled"].map({True: " (compiled)", False: ""})
+                     + " · " + text["dtype"] + " · " + text["pass"] + " · N=" + text["seq_len"] + " · "
+                     + text["config_label"] + " · " + text["status"]))
     run_id = ui.pick(c2, "run", list(names), names.get, key=f"run_id_{sweep}")
     row = in_sweep[in_sweep["run_id"] == run_id].iloc[0]
 

@@ -237,6 +237,9 @@ def test_pages_bound_what_they_draw_and_say_so(sweep_db, dashboard_env, monkeypa
     assert any(c.value.startswith("The figures draw 4 of 8 points (2 of ") for c in at.caption), \
         [c.value for c in at.caption]
     assert len(at.dataframe[0].value) == 3
+    at = _page("run")
+    assert len(at.selectbox(key="run_sweep").options) == 2 and len(at.selectbox[1].options) == 3
+    assert any(c.value.startswith("Showing the first 3 of 8 runs of this sweep") for c in at.caption)
     at = _page("regressions")  # flagged points first: the first rows are the ones to read
     assert len(at.dataframe[0].value) == 3 and any(c.value.startswith("Showing the first 3 of 8 points")
                                                    for c in at.caption)
