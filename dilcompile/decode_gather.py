@@ -9,7 +9,10 @@ key. ``attend_gathered`` reads those keys and values straight out of the
 cache, one softmax over them. Plain tensor ops with shapes fixed by the
 config and the cache size (no host read, no custom op), so a compiled decode
 step is one graph Inductor fuses: gather, dot products, softmax, weighted
-sum, reading O(keys attended) of the cache.
+sum, reading O(keys attended) of the cache. Where the index set is not much
+shorter than the cache (short contexts), ``attend_weighted`` reads the whole
+cache in place instead, each slot weighted — two matmuls, as dense attention
+does, without gathering copies.
 """
 
 from __future__ import annotations
@@ -32,6 +35,35 @@ def real_slots(real: Tensor) -> Tensor:
     return real.new_zeros(batch, slots + 1, dtype=torch.int64).scatter(1, target, index)[:, :slots]
 
 
+def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Scores s (..., K) and key multiplicities (..., K) → (p, total, keep):
+    p ∝ weight · exp(s), non-keys' scores never read; total (..., 1) is 0 for a
+    row with no key (its output is 0, not NaN)."""
+    keep = weight > 0
+    s = s.masked_fill(~keep, float("-inf"))
+    top = s.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0)  # no key at all: every p is 0 below, not NaN
+    p = (s - top).exp() * weight.to(s.dtype)
+    return p, p.sum(-1, keepdim=True), keep
+
+
+def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: float) -> Tensor:
+    """q (B, H, 1, D); k, v (B, Hkv, S, D) with H a multiple of Hkv (query
+    heads h·g … h·g + g − 1 read kv head h, in place); weight (B, H, S) int:
+    each slot's multiplicity, 0 = not a key → (B, H, 1, D) in q.dtype. Every
+    slot's value enters the product (weighted 0 where not a key), as in dense
+    attention over a masked cache: the cache's slots hold finite values (the
+    model's keys, or zeros where never written)."""
+    batch, heads, _, dim = q.shape
+    kv_heads, slots = k.shape[1], k.shape[2]
+    acc = accumulator_dtype(q.dtype)
+    qg = q.to(acc).reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, Hkv, g, D)
+    s = (qg @ k.to(acc).transpose(-1, -2)).reshape(batch, heads, slots) * scale  # (B, H, S)
+    p, total, _ = _softmax_weighted(s, weight)
+    out = (p.reshape(batch, kv_heads, -1, slots) @ v.to(acc)).reshape(batch, heads, dim)  # (B, H, D)
+    return (out / torch.where(total > 0, total, 1))[:, :, None].to(q.dtype)
+
+
 def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tensor, scale: float) -> Tensor:
     """q (B, H, 1, D); k, v (B, Hkv, S, D) with H a multiple of Hkv (query
     head h reads kv head h // (H / Hkv), grouped-query attention without a
@@ -42,15 +74,10 @@ def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tens
     acc = accumulator_dtype(q.dtype)
     kv_head = torch.arange(heads, device=q.device) // (heads // k.shape[1])
     index = (torch.arange(batch, device=q.device)[:, None, None], kv_head[None, :, None], slots)
-    keep = weight > 0  # (B, H, K)
     # Products summed over D rather than matmuls: compiled, the gather, the product and the sum are one
     # loop over the cache rows (no gathered copy of the keys), the dot products of a single query.
     s = (q.to(acc) * k[index].to(acc)).sum(-1) * scale  # (B, H, K)
-    s = s.masked_fill(~keep, float("-inf"))  # what a non-key slot holds (a pad, an unwritten slot) is never read
-    top = s.amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, 0)  # no key at all: every p is 0 below, not NaN
-    p = (s - top).exp() * weight.to(acc)  # (B, H, K)
+    p, total, keep = _softmax_weighted(s, weight)  # what a non-key slot holds (a pad, unwritten) is never read
     values = v[index].to(acc).masked_fill(~keep[..., None], 0)  # 0 · NaN would still be NaN
-    total = p.sum(-1, keepdim=True)  # (B, H, 1)
     out = (p[..., None] * values).sum(-2) / torch.where(total > 0, total, 1)  # (B, H, D)
     return out[:, :, None].to(q.dtype)

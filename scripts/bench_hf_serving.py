@@ -9,9 +9,10 @@ transformers' own ``compile_config`` (fullgraph; on CPU transformers
 compiles only when asked with ``_compile_all_devices``, which this script
 sets). Per case and attention: a warm-up generation compiles the decode
 step; then rounds interleave the attentions (A, B, C, A, B, C, …), each
-round timing a whole generation and a prefill-only one
-(``max_new_tokens=1``), so decode tokens/s = batch × (new − 1) ÷
-(generation − prefill). Graphs compiled during the timed rounds are counted
+round one generation whose steps a stopping criterion timestamps (it runs
+after every step's forward): prefill = start to the first stamp, decode
+tokens/s = batch × (new − 1) ÷ (last stamp − first stamp) — the decode steps
+alone, not a difference of two noisy generations that a long prefill swamps. Graphs compiled during the timed rounds are counted
 (``recompiles``; 0 expected). Up to ``--check-max`` tokens the greedy tokens
 of sdpa and ours are compared with their own eager ``DynamicCache``
 generation (FlexAttention's eager path materialises every score: skipped).
@@ -80,6 +81,17 @@ def _prompts(context: int, batch: int, device):
     return (ids * mask).to(device), mask.to(device)
 
 
+class _Clock:
+    """A ``StoppingCriteria`` that never stops and stamps every step."""
+
+    def __init__(self):
+        self.stamps = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a tiny model, one short case, few rounds (a smoke run)")
@@ -139,12 +151,17 @@ def main(argv=None) -> int:
         greedy = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
 
         def generate(name, new, **kw):
-            start = time.perf_counter()
-            with torch.no_grad():
-                out = models[name].generate(ids, max_new_tokens=new, min_new_tokens=new, **greedy, **kw)
+            """→ (tokens, prefill ms, decode ms of the new − 1 steps after the first token)."""
+            from transformers import StoppingCriteriaList
+
+            clock = _Clock()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            return out, (time.perf_counter() - start) * 1e3
+            start = time.perf_counter()
+            with torch.no_grad():  # the criterion reads the new token: each stamp follows its step's compute
+                out = models[name].generate(ids, max_new_tokens=new, min_new_tokens=new, **greedy, **kw,
+                                            stopping_criteria=StoppingCriteriaList([clock]))
+            return out, (clock.stamps[0] - start) * 1e3, (clock.stamps[-1] - clock.stamps[0]) * 1e3
 
         static = dict(cache_implementation="static", compile_config=compile_config)
         torch._dynamo.reset()  # each case's graphs: the models share their forward's code object and its graph limit
@@ -152,7 +169,8 @@ def main(argv=None) -> int:
         for name in attentions:  # warm-up: compiles the decode step once
             graphs = counters["stats"]["unique_graphs"]
             try:
-                out, ms = generate(name, args.new, **static)
+                out, pre, dec = generate(name, args.new, **static)
+                ms = pre + dec
             except Exception as exc:  # noqa: BLE001 — e.g. FlexAttention's CPU lowering refusing a decode shape
                 failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
                 print(f"  {context} × {batch} {name}: failed, left out of this case: {failed[name]}", file=sys.stderr)
@@ -165,11 +183,12 @@ def main(argv=None) -> int:
             print(f"  {context} × {batch} {name}: compiled {counters['stats']['unique_graphs'] - graphs} graph(s) "
                   f"in {ms / 1e3:.1f} s; tokens {said} eager", file=sys.stderr)
         graphs_before = counters["stats"]["unique_graphs"]
-        full, prefill = ({name: [] for name in running} for _ in range(2))
+        decode, prefill = ({name: [] for name in running} for _ in range(2))
         for _ in range(args.rounds):  # interleaved: every attention once per round
             for name in running:
-                full[name].append(generate(name, args.new, **static)[1])
-                prefill[name].append(generate(name, 1, **static)[1])
+                _, pre, dec = generate(name, args.new, **static)
+                prefill[name].append(pre)
+                decode[name].append(dec)
         recompiles = counters["stats"]["unique_graphs"] - graphs_before
         recompiled += recompiles
         base = {"sweep_id": sweep_id, "started_at": now, "variant": "hf-static-decode", "pass": "decode",
@@ -183,7 +202,7 @@ def main(argv=None) -> int:
                 writer.write(base | {"run_id": uuid.uuid4().hex, "impl": name, "status": "error", "error": error,
                                      "config": json.dumps(spec | {"context": context})})
             for name in running:
-                decode_ms = [f - p for f, p in zip(full[name], prefill[name])]
+                decode_ms = decode[name]
                 med = statistics.median(decode_ms)
                 rate[name] = batch * (args.new - 1) / med * 1e3
                 case = {"context": context, "prefill_ms": statistics.median(prefill[name]),

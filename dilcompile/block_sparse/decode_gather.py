@@ -62,5 +62,15 @@ def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, 
     ids = torch.where(hit, torch.arange(blocks, device=device), blocks)
     chosen = ids.topk(min(bound, blocks), -1, largest=False).values  # (B, H', K / bs): the hit blocks first
     keys = (chosen[..., None] * block_size + torch.arange(block_size, device=device)).flatten(-2)  # (B, H', K)
-    weight = (keys <= p) & pattern.mask_mod(zero, h, p, keys)  # an unhit block's keys: ≥ S > p
-    return keys.clamp(max=slots - 1), weight.long()
+    weight = key_weights(position, keys, num_heads, pattern)  # an unhit block's keys: ≥ S > p, weight 0
+    return keys.clamp(max=slots - 1), weight
+
+
+def key_weights(position: Tensor, keys: Tensor, num_heads: int, pattern: Pattern) -> Tensor:
+    """position (B,) int64, the query's; keys (B, 1 or H, K) int64 key
+    positions (negative or past the query: no key); ``pattern`` head-bound →
+    (B, H', K) int64, 1 where the pattern allows the key."""
+    p = position[:, None, None]
+    zero = torch.zeros((), dtype=torch.int64, device=keys.device)
+    h = torch.arange(num_heads if pattern.head_dependent else 1, device=keys.device)[None, :, None]
+    return ((keys >= 0) & (keys <= p) & pattern.mask_mod(zero, h, p, keys)).long()

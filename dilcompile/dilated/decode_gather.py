@@ -34,6 +34,19 @@ def _branches(num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
     return [(w, r, offsets) for (_, w, r), offsets in branches.items()]
 
 
+def key_weights(position: Tensor, keys: Tensor, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
+                mode: str) -> Tensor:
+    """position (B,) int64, the query's; keys (B, 1 or H, K) int64 key
+    positions (negative: no key) → (B, H, K) int64: how many branches reach
+    each key from the query (0 past the query)."""
+    p = position[:, None, None]  # (B, 1, 1)
+    weight = torch.zeros((), dtype=torch.int64, device=keys.device)
+    for w, r, offsets in _branches(num_heads, segments, rates, mode):
+        o = torch.tensor(offsets, device=keys.device)[None, :, None]  # (1, H, 1); −1 matches nothing
+        weight = weight + (((p % w) % r == o) & ((keys % w) % r == o) & (keys // w == p // w))
+    return (weight * ((keys >= 0) & (keys <= p))).expand(keys.shape[0], num_heads, keys.shape[2])
+
+
 def decode_keys(position: Tensor, slots: int, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
                 mode: str) -> tuple[Tensor, Tensor]:
     """position (B,) int64, the query's; ``slots``: S, more than any position
@@ -47,12 +60,7 @@ def decode_keys(position: Tensor, slots: int, num_heads: int, segments: tuple[in
     window = min(max(w for w, _, _ in branches), slots)
     if window <= per_branch:
         keys = p - torch.arange(window, device=device)  # (B, 1, K): the window ending at the query
-        weight = torch.zeros(keys.shape[0], num_heads, window, dtype=torch.int64, device=device)
-        for w, r, offsets in branches:
-            o = torch.tensor(offsets, device=device)[None, :, None]  # (1, H, 1)
-            reached = ((p % w) % r == o) & ((keys % w) % r == o) & (keys // w == p // w)  # o = −1: never
-            weight = weight + reached
-        weight = weight * (keys >= 0)
+        weight = key_weights(position, keys, num_heads, segments, rates, mode)
         return keys.clamp(min=0).expand(-1, num_heads, -1), weight
     keys, weight = [], []
     for w, r, offsets in branches:

@@ -86,21 +86,27 @@ def cache_order(key: Tensor, value: Tensor, codes: Tensor) -> tuple[Tensor, Tens
     return key.index_select(2, order), value.index_select(2, order), codes.index_select(1, order) != REAL
 
 
-def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, scale: float) -> Tensor:
+def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, weights_of, scale: float) -> Tensor:
     """One decode query per row against a static cache, reading only the
     keys it attends: q (B, H, 1, D) in the last written slot; key, value the
-    cache (B, Hkv, S, D); codes its (B, S) slot codes; ``keys_of(position)``
-    the variant's index set for the query positions (B,) (counted from each
-    row's first real token) → ((B, H' ∈ {1, H}, K) positions, weights).
-    → (B, H, 1, D). Left-padded rows differ only in their phase: one batched
-    step, no rotation or copy of the cache (docs/serving.md)."""
-    from ..decode_gather import attend_gathered, real_slots
+    cache (B, Hkv, S, D); codes its (B, S) slot codes. The variant's index
+    set: ``keys_of(position)`` for the query positions (B,) (counted from
+    each row's first real token) → ((B, H' ∈ {1, H}, K) key positions,
+    weights); ``weights_of(position, keys)`` the weights of any (B, 1, K) key
+    positions. → (B, H, 1, D). Left-padded rows differ only in their phase:
+    one batched step, no rotation or copy of the cache (docs/serving.md)."""
+    from ..decode_gather import attend_gathered, attend_weighted, real_slots
 
+    batch, heads, slots = q.shape[0], q.shape[1], codes.shape[1]
     real = codes == REAL  # (B, S)
-    last = ((codes[0] != EMPTY).sum() - 1).expand(codes.shape[0], 1)  # the query's slot: a cache is written in step
-    position = real.cumsum(1).gather(1, last)[:, 0] - 1  # (B,): real tokens before the query
-    positions, weight = keys_of(position.clamp(min=0))
-    positions, weight = (t.expand(-1, q.shape[1], -1) for t in (positions, weight))  # (B, H, K)
-    slots = real_slots(real).gather(1, positions.flatten(1)).view(positions.shape)
-    weight = weight * real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
-    return attend_gathered(q, key, value, slots, weight, scale)
+    rank = real.cumsum(1) - 1  # (B, S): each real slot's position
+    last = ((codes[0] != EMPTY).sum() - 1).expand(batch, 1)  # the query's slot: a cache is written in step
+    position = rank.gather(1, last)[:, 0].clamp(min=0)  # (B,)
+    query_real = real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
+    positions, weight = keys_of(position)
+    if 2 * positions.shape[-1] >= slots:  # the index set is most of the cache: read it in place, each slot weighted
+        weight = weights_of(position, torch.where(real, rank, -1)[:, None, :])  # (B, H', S)
+        return attend_weighted(q, key, value, weight.expand(-1, heads, -1) * query_real, scale)
+    positions, weight = (t.expand(-1, heads, -1) for t in (positions, weight))  # (B, H, K)
+    index = real_slots(real).gather(1, positions.flatten(1)).view(positions.shape)
+    return attend_gathered(q, key, value, index, weight * query_real, scale)

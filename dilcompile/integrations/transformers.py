@@ -236,16 +236,18 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
     sequences described as the attention API takes them; → (B, Nq, H, D).
     A static cache's decode step (one query per row) reads only the keys
     ``keys_of(position, slots, heads, causal)`` lists, ``decode`` being
-    (keys_of, divisor of the output) (``hf_sequences.decode_step``)."""
+    (keys_of, weights_of(position, keys, heads), divisor of the output)
+    (``hf_sequences.decode_step``)."""
     causal = _keywords(module, kwargs)
     static = attention_mask is not None and attention_mask.dtype == torch.uint8  # a static cache's slot codes
     if static and query.shape[2] == 1:
         q, _, _ = _inputs(query, key, value, None, dropout, repeat=False)
         q, scale = _constant_scale(q, scaling)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        keys_of, divisor = decode
+        keys_of, weights_of, divisor = decode
         out = hf_sequences.decode_step(q, key, value, attention_mask,
-                                       lambda p: keys_of(p, key.shape[2], q.shape[1], causal), scale)
+                                       lambda p: keys_of(p, key.shape[2], q.shape[1], causal),
+                                       lambda p, keys: weights_of(p, keys, q.shape[1]), scale)
         return (out if divisor == 1 else out / divisor).transpose(1, 2).contiguous()
     if static:
         key, value, pads = hf_sequences.cache_order(key, value, attention_mask)  # before GQA's repeat: less to move
@@ -315,7 +317,12 @@ def dilated_forward(module, query, key, value, attention_mask, dropout: float = 
 
         return decode_keys(position, slots, heads, segments, rates, mode)
 
-    decode = (keys_of, len(segments) if mode == "groups" else 1)  # groups mode divides the merged output by m
+    def weights_of(position, keys, heads):
+        from ..dilated.decode_gather import key_weights
+
+        return key_weights(position, keys, heads, segments, rates, mode)
+
+    decode = (keys_of, weights_of, len(segments) if mode == "groups" else 1)  # groups mode: the merged output ÷ m
     return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs, decode), None
 
 
@@ -334,8 +341,13 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
 
         return decode_keys(position, slots, heads, pattern, causal, min(block_size, slots))
 
+    def weights_of(position, keys, heads):
+        from ..block_sparse.decode_gather import key_weights
+
+        return key_weights(position, keys, heads, pattern.with_heads(heads))
+
     return _attend(attention, module, query, key, value, attention_mask, dropout, scaling, kwargs,
-                   (keys_of, 1)), None
+                   (keys_of, weights_of, 1)), None
 
 
 _WARNED: set[int] = set()  # configs warned about (by id: a config defines __eq__, so it is unhashable)
