@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from dilcompile.decode_gather import attend_gathered, real_slots
-from dilcompile.dilated.decode_gather import decode_keys
+from dilcompile.decode_gather import attend_gathered, attend_weighted, real_slots
+from dilcompile.dilated.decode_gather import decode_keys, key_weights
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.dilated.suffix import suffix_reference
 
@@ -41,8 +41,10 @@ def test_index_set_is_every_branch_key_with_multiplicity(seed):
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_gathered_decode_equals_the_float64_reference(seed):
-    """Pads anywhere in the keys (the query's slot real), GQA heads read without a repeated copy."""
+@pytest.mark.parametrize("form", ["gathered", "weighted"])
+def test_gathered_decode_equals_the_float64_reference(seed, form):
+    """Pads anywhere in the keys (the query's slot real), GQA heads read without a repeated copy; the
+    index set gathered, or every slot read in place with its weight (the form of short caches)."""
     g = torch.Generator().manual_seed(100 + seed)
     segments, rates, mode, heads = _config(g)
     batch, slots, dim = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(2, 80, (), generator=g)), 8
@@ -56,9 +58,13 @@ def test_gathered_decode_equals_the_float64_reference(seed):
     scale = dim**-0.5
     real = ~pads
     position = real.sum(1) - 1
-    keys, weight = decode_keys(position, slots, heads, segments, rates, mode)
-    index = real_slots(real).gather(1, keys.flatten(1)).view(keys.shape)
-    out = attend_gathered(q, k, v, index, weight, scale)
+    if form == "gathered":
+        keys, weight = decode_keys(position, slots, heads, segments, rates, mode)
+        index = real_slots(real).gather(1, keys.flatten(1)).view(keys.shape)
+        out = attend_gathered(q, k, v, index, weight, scale)
+    else:
+        ranks = torch.where(real, real.cumsum(1) - 1, -1)[:, None, :]  # each slot's position, −1 for a pad
+        out = attend_weighted(q, k, v, key_weights(position, ranks, heads, segments, rates, mode), scale)
     if mode == "groups":
         out = out / len(segments)
     groups = heads // kv_heads
