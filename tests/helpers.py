@@ -1,5 +1,8 @@
-"""Fixtures shared by several test files: the block-sparse pattern table and
-the float64 comparison of out, lse and their gradients."""
+"""Fixtures shared by several test files: the block-sparse pattern table, the
+float64 comparison of out, lse and their gradients, and the tiny random
+Hugging Face models."""
+
+import copy
 
 import torch
 
@@ -39,3 +42,39 @@ def assert_out_lse_and_gradients_match(out, lse, ref, ref_lse, inputs, msg=""):
     for name, g, w in zip("qkv", got, want):
         assert not g.isnan().any(), f"d{name} NaN: {msg}"
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=f"d{name}: {msg}")
+
+
+def tiny_config(family: str = "llama", *, vocab: int = 61, hidden: int = 48, layers: int = 2, heads: int = 6,
+                kv_heads: int = 2, positions: int = 256, **keys):
+    """A tiny random Hugging Face config of a model ``family`` (llama, qwen2, mistral: grouped key /
+    value heads; gpt2, bert: one per head) in the family's own field names, MLP twice the width,
+    no dropout; ``keys`` go to the config as they are. No download: the HF tests build their models
+    from these."""
+    import transformers  # the [hf] extra: only the HF tests import it
+
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                                       n_positions=positions, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **keys)
+    if family == "bert":
+        return transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                       num_hidden_layers=layers, num_attention_heads=heads,
+                                       max_position_embeddings=positions, attention_probs_dropout_prob=0.0,
+                                       hidden_dropout_prob=0.0, **keys)
+    config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+              "mistral": transformers.MistralConfig}[family]
+    return config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions, **keys)
+
+
+def tiny_model(impl: str, config, *, dtype: torch.dtype = torch.float64, state: dict | None = None):
+    """The model of ``config`` (an encoder for bert, else a causal LM) with attention ``impl``, in
+    ``dtype``, in eval mode: weights from seed 0, or ``state`` (another model's state_dict)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    build = AutoModel if config.model_type == "bert" else AutoModelForCausalLM
+    # a copy: from_config keeps the object and sets its attention, so a second model would switch the first
+    model = build.from_config(copy.deepcopy(config), attn_implementation=impl, dtype=dtype).eval()
+    if state is not None:
+        model.load_state_dict(state)
+    return model

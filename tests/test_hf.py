@@ -6,46 +6,37 @@ import copy
 import pytest
 import torch
 
-from transformers import AutoModelForCausalLM, LlamaConfig  # the [hf] extra, installed by the test command
+from transformers import AutoModelForCausalLM  # the [hf] extra, installed by the test command
 
 from dilcompile.integrations.transformers import register
+from helpers import tiny_config, tiny_model
 
 register()
 
 
 def _config(**extra):
-    cfg = LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = tiny_config()
     for key, value in extra.items():
         setattr(cfg, key, value)
     return cfg
-
-
-def _model(impl, cfg, state=None):
-    torch.manual_seed(0)
-    # a copy: from_config keeps the object and sets its attention, so a second model would switch the first
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float64).eval()
-    if state is not None:
-        model.load_state_dict(state)
-    return model
 
 
 def test_dense_config_equals_sdpa_logits():
     """Segments as long as the sequence, rate 1: exactly causal attention (GQA, scaling included)."""
     cfg = _config(dilcompile_segment_lengths=[256], dilcompile_dilation_rates=[1],
                   dilcompile_pattern="local_window(window=256)")
-    sdpa = _model("sdpa", cfg)
+    sdpa = tiny_model("sdpa", cfg)
     ids = torch.randint(0, 61, (2, 37))
     want = sdpa(ids).logits
     for impl in ("dilcompile_dilated", "dilcompile_block_sparse"):
-        got = _model(impl, cfg, sdpa.state_dict())(ids).logits
+        got = tiny_model(impl, cfg, state=sdpa.state_dict())(ids).logits
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=impl)
 
 
 def test_left_padding_equals_sdpa_on_real_tokens():
     cfg = _config(dilcompile_segment_lengths=[256], dilcompile_dilation_rates=[1])
-    sdpa = _model("sdpa", cfg)
-    ours = _model("dilcompile_dilated", cfg, sdpa.state_dict())
+    sdpa = tiny_model("sdpa", cfg)
+    ours = tiny_model("dilcompile_dilated", cfg, state=sdpa.state_dict())
     ids = torch.randint(0, 61, (2, 20))
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[0, :5] = 0  # left padding
@@ -80,7 +71,7 @@ def test_real_dilation_logits_equal_our_reference(monkeypatch, impl, module_fn):
                   dilcompile_pattern="union(local_window(window=5), dilated(segment_lengths=(16,), "
                                      "dilation_rates=(2,)))", dilcompile_block_size=16)
     ids = torch.randint(0, 61, (2, 45))
-    model = _model(impl, cfg)
+    model = tiny_model(impl, cfg)
     got = model(ids).logits
     original = getattr(dilcompile, module_fn)
     recorder = _Recorder(original)
@@ -96,7 +87,7 @@ def test_real_dilation_logits_equal_our_reference(monkeypatch, impl, module_fn):
 
 def test_training_step_finite_gradients():
     cfg = _config(dilcompile_segment_lengths=[8, 16], dilcompile_dilation_rates=[1, 2])
-    model = _model("dilcompile_dilated", cfg).train()
+    model = tiny_model("dilcompile_dilated", cfg).train()
     ids = torch.randint(0, 61, (2, 30))
     loss = model(ids, labels=ids).loss
     loss.backward()
@@ -111,7 +102,7 @@ def test_training_step_finite_gradients():
 def test_greedy_generate_with_cache_equals_without(impl):
     cfg = _config(dilcompile_segment_lengths=[8, 16, 32], dilcompile_dilation_rates=[1, 2, 4],
                   dilcompile_pattern="local_window(window=6)", dilcompile_block_size=16)
-    model = _model(impl, cfg)
+    model = tiny_model(impl, cfg)
     prompt = torch.randint(0, 61, (1, 9))
     kw = dict(max_new_tokens=25, min_new_tokens=25, do_sample=False, pad_token_id=0)
     with_cache = model.generate(prompt, use_cache=True, **kw)
@@ -121,14 +112,14 @@ def test_greedy_generate_with_cache_equals_without(impl):
 
 
 def test_missing_config_key_is_a_clear_error():
-    model = _model("dilcompile_dilated", _config(dilcompile_dilation_rates=[1]))
+    model = tiny_model("dilcompile_dilated", _config(dilcompile_dilation_rates=[1]))
     with pytest.raises(ValueError, match="dilcompile_segment_lengths"):
         model(torch.randint(0, 61, (1, 5)))
 
 
 def test_dropout_is_refused():
     cfg = _config(dilcompile_segment_lengths=[8], dilcompile_dilation_rates=[1], attention_dropout=0.1)
-    model = _model("dilcompile_dilated", cfg).train()
+    model = tiny_model("dilcompile_dilated", cfg).train()
     with pytest.raises(ValueError, match="attention_dropout"):
         model(torch.randint(0, 61, (1, 5)))
 

@@ -8,9 +8,10 @@ import itertools
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, BertConfig, BertModel, DataCollatorWithFlattening, LlamaConfig
+from transformers import DataCollatorWithFlattening
 
 from dilcompile.integrations.transformers import configure, register
+from helpers import tiny_config, tiny_model
 
 register()
 
@@ -23,11 +24,7 @@ SETTINGS = {"segment_lengths": [4, 8], "dilation_rates": [1, 2], "block_size": 4
 
 
 def _llama(impl, **extra):
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256, **extra)
-    configure(cfg, **SETTINGS)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=torch.float64).eval()
+    return tiny_model(impl, configure(tiny_config(vocab=VOCAB, **extra), **SETTINGS))
 
 
 def _lengths(seed, count, low, high):
@@ -218,11 +215,7 @@ def test_inductor_with_padding_mask_errs_no_more_than_sdpa():
 
 
 def _bert(impl):
-    cfg = BertConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
-                     intermediate_size=96, max_position_embeddings=64)
-    configure(cfg, **SETTINGS)
-    torch.manual_seed(0)
-    return BertModel._from_config(cfg, attn_implementation=impl, dtype=torch.float64).eval()
+    return tiny_model(impl, configure(tiny_config("bert", vocab=VOCAB, positions=64), **SETTINGS))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -252,12 +245,9 @@ def test_encoder_with_covering_segment_equals_sdpa():
 def test_sliding_window_model_is_refused(compiled, packed):
     """A sliding window is not expressible: refused eagerly (read from the mask function) and under
     torch.compile (read from the config), packed rows or not."""
-    from transformers import MistralConfig
-
     torch._dynamo.reset()
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
-                        num_attention_heads=6, num_key_value_heads=2, sliding_window=4, use_cache=False)
-    model = AutoModelForCausalLM.from_config(configure(cfg, **SETTINGS), attn_implementation="dilcompile_dilated")
+    cfg = tiny_config("mistral", vocab=VOCAB, layers=1, sliding_window=4, use_cache=False)
+    model = tiny_model("dilcompile_dilated", configure(cfg, **SETTINGS), dtype=torch.float32)
     run = torch.compile(model, fullgraph=True, backend="eager") if compiled else model
     position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]) if packed else None
     error = Exception if compiled else ValueError  # dynamo reports our ValueError inside its own exception

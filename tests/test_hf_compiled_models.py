@@ -9,32 +9,19 @@ Tiny models from configs, float32, one layer: what compiles in seconds."""
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from transformers import AutoModel, AutoModelForCausalLM, BertConfig, GPT2Config, LlamaConfig, Qwen2Config
 
 from dilcompile.integrations.transformers import configure, register
+from helpers import tiny_config, tiny_model
 from test_hf_batches import IMPLS, SETTINGS, VOCAB
 
 register()
 
-CONFIGS = {
-    "llama": lambda: LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
-    "qwen2": lambda: Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
-    "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, n_positions=64, attn_pdrop=0.0,
-                               resid_pdrop=0.0, embd_pdrop=0.0),
-    "bert": lambda: BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                               num_attention_heads=4, max_position_embeddings=64, attention_probs_dropout_prob=0.0,
-                               hidden_dropout_prob=0.0),
-}
+FAMILIES = ("llama", "qwen2", "gpt2", "bert")
 
 
 def _model(family, impl):
-    config = CONFIGS[family]()
-    configure(config, **SETTINGS)
-    torch.manual_seed(0)
-    build = AutoModel if family == "bert" else AutoModelForCausalLM
-    return build.from_config(config, attn_implementation=impl).eval()
+    config = tiny_config(family, vocab=VOCAB, hidden=32, layers=1, heads=4, positions=64)
+    return tiny_model(impl, configure(config, **SETTINGS), dtype=torch.float32)
 
 
 def _padded(seed):
@@ -53,7 +40,7 @@ def _output(result):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("family", list(CONFIGS))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_fullgraph_serving_equals_eager(family, impl):
     model = _model(family, impl)
     decoder = family != "bert"

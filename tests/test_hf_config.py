@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from dilcompile.integrations.transformers import configure, register
+from helpers import tiny_config
 
 register()
 
@@ -17,8 +18,7 @@ KEYS = {"dilcompile_segment_lengths": [4, 8], "dilcompile_dilation_rates": [1, 2
 
 
 def _config():
-    return LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+    return tiny_config()
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ recompiles and the compiled model equals the new eager one."""
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
-from transformers import AutoModel, AutoModelForCausalLM, CLIPConfig, LlamaConfig
+from transformers import AutoModel, CLIPConfig
 
 from dilcompile.integrations.hf_config import CHECKS
 from dilcompile.integrations.transformers import configure, register
+from helpers import tiny_config, tiny_model
 
 register()
 
@@ -18,11 +19,8 @@ PATTERN = {"pattern": "union(local_window(window=3), dilated(segment_lengths=(8,
 
 
 def _model(impl, **keys):
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    configure(config, **keys)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.float64).eval()
+    config = tiny_config(vocab=VOCAB, hidden=32, layers=1, heads=4, positions=64)
+    return tiny_model(impl, configure(config, **keys))
 
 
 @pytest.mark.parametrize("how", ["configure", "attribute"])

@@ -16,10 +16,11 @@ import importlib
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from transformers import AutoModelForCausalLM, CompileConfig, LlamaConfig
+from transformers import CompileConfig
 
 from dilcompile.integrations import hf_sequences
 from dilcompile.integrations.transformers import _padding_mask, configure, register
+from helpers import tiny_config, tiny_model
 from test_hf_batches import IMPLS, SETTINGS, VOCAB, _lengths, _llama, _padded, _tokens
 
 register()
@@ -35,11 +36,7 @@ def _prompts(seed):
 
 def _small_llama(impl):
     """One layer, float32: what compiles in seconds."""
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
-    configure(cfg, **SETTINGS)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+    return tiny_model(impl, configure(tiny_config(vocab=VOCAB, layers=1), **SETTINGS), dtype=torch.float32)
 
 
 def _assert_same_generation(got, want, atol):
