@@ -88,7 +88,7 @@ def summary(df: pd.DataFrame) -> dict:
     return {
         "runs": len(df), "ok": int((df["status"] == "ok").sum()), "sweeps": df["sweep_id"].nunique(),
         "devices": sorted(df["device"].dropna().unique()), "dtypes": sorted(df["dtype"].dropna().unique()),
-        "variants": sorted(df["variant"].dropna().unique()),
+        "variants": sorted(attention_runs(df)["variant"].dropna().unique()),  # tile timings are no variant
         "first": df["started_at"].min(), "last": df["started_at"].max(),
     }
 
@@ -214,3 +214,57 @@ def sweep_choices(df: pd.DataFrame, by: str) -> list[str]:
         return []
     t = df.dropna(subset=[by]).groupby(by)["started_at"].max().sort_values(ascending=False)
     return [str(v) for v in t.index]
+
+
+# ---- kernel tuning (scripts/tune_triton.py: one row per candidate tile config and round) ----
+
+TILE_PREFIX = "triton-tile:"  # variant of a tile-tuning row: triton-tile:fwd|dq|dkdv
+TILE_KEY = ["device", "kernel", "dtype", "head_dim", "seq_len"]
+
+
+def is_tile(df: pd.DataFrame) -> pd.Series:
+    """Rows timing one Triton kernel's tile candidates: not an attention variant (their
+    candidates differ by ``impl``, which no other page keys on), shown on Kernel tuning."""
+    return df["variant"].fillna("").astype(str).str.startswith(TILE_PREFIX)
+
+
+def attention_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs of attention variants: ``df`` without the tile-tuning rows."""
+    return df[~is_tile(df)] if not df.empty else df
+
+
+def _rel_err(config) -> float:
+    try:
+        value = json.loads(config).get("rel_err_vs_launcher") if isinstance(config, str) and config else None
+        return float(value) if value is not None else math.nan
+    except (ValueError, TypeError, AttributeError):
+        return math.nan
+
+
+def tile_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (device, kernel, dtype, head_dim, seq_len) and candidate (``impl``): its best latency
+    (the minimum over every stored round), ``vs_fastest`` (best ÷ the fastest candidate's best,
+    1 for the winner), ``vs_launcher`` (best ÷ the ``launcher`` candidate's best, blank without
+    one; below 1 beats it), the largest ``rel_err`` (vs the launcher's output) over its rounds,
+    and how many rounds. ``winner`` marks the fastest (ties: the first candidate by name).
+    Ok runs with a positive, finite latency only; fastest first within each group."""
+    cols = TILE_KEY + ["candidate", "winner", "best_ms", "vs_fastest", "vs_launcher", "rel_err", "rounds"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    tiles = df[is_tile(df) & (df["status"] == "ok")]
+    latency = pd.to_numeric(tiles["latency_ms"], errors="coerce")
+    tiles = tiles[latency.gt(0) & latency.lt(math.inf) & tiles["impl"].notna()]
+    if tiles.empty:
+        return pd.DataFrame(columns=cols)
+    errs = {c: _rel_err(c) for c in tiles["config"].unique()}
+    tiles = tiles.assign(kernel=tiles["variant"].str.slice(len(TILE_PREFIX)), candidate=tiles["impl"],
+                         latency_ms=pd.to_numeric(tiles["latency_ms"]), rel_err=tiles["config"].map(errs))
+    out = (tiles.groupby(TILE_KEY + ["candidate"], dropna=False)
+           .agg(best_ms=("latency_ms", "min"), rel_err=("rel_err", "max"), rounds=("latency_ms", "size"))
+           .reset_index().sort_values(TILE_KEY + ["best_ms", "candidate"], kind="stable"))
+    group = out.groupby(TILE_KEY, dropna=False, sort=False)
+    out["vs_fastest"] = out["best_ms"] / group["best_ms"].transform("min")
+    launcher = out["best_ms"].where(out["candidate"] == "launcher")
+    out["vs_launcher"] = out["best_ms"] / launcher.groupby([out[k] for k in TILE_KEY], dropna=False).transform("min")
+    out["winner"] = ~out.duplicated(TILE_KEY)  # first row of its (sorted) group
+    return out.reset_index(drop=True)[cols]

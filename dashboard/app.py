@@ -51,6 +51,7 @@ PAGES = [
     st.Page("views/compare.py", title="Compare", icon=":material/show_chart:"),
     st.Page("views/run.py", title="Run", icon=":material/search:"),
     st.Page("views/patterns.py", title="Patterns", icon=":material/grid_on:"),
+    st.Page("views/tuning.py", title="Kernel tuning", icon=":material/tune:"),
     st.Page("views/regressions.py", title="Regressions", icon=":material/compare_arrows:"),
     st.Page("views/sql.py", title="SQL", icon=":material/database:"),
 ]

@@ -6,7 +6,7 @@ from dashboard import analysis, figures, ui
 
 src = ui.header("Compare", "Metrics against sequence length, one line per variant; pick what to compare on the left.")
 if src is not None:
-    df = ui.runs(src.snapshot)
+    df = analysis.attention_runs(ui.runs(src.snapshot))  # tile tuning rows: the Kernel tuning page
     with st.sidebar:
         st.subheader("Filter")
         devices = ui.multiselect_all("device", sorted(df["device"].dropna().unique()), "cmp_device")

@@ -20,13 +20,15 @@ if src is not None:
                 f"**Measured:** {ui.when(s['first'])} → {ui.when(s['last'])} UTC")
 
     st.subheader("Leaderboard")
-    passes = sorted(df["pass"].dropna().unique())
+    attention = analysis.attention_runs(df)  # tile tuning rows: the Kernel tuning page
+    passes = sorted(attention["pass"].dropna().unique())
     # Radio options are Markdown: a stored pass such as ![p](http://host/p.png) was fetched as an image.
     pass_ = (st.radio("pass", passes, horizontal=True, key="overview_pass", format_func=ui.md)
              if len(passes) > 1 else None)
-    board = analysis.leaderboard(df, pass_)
+    board = analysis.leaderboard(attention, pass_)
     st.caption("The fastest variant (latest ok run, lowest median latency) for each device, dtype, pass, "
-               "causality and sequence length; *lead* is the runner-up's latency ÷ the winner's.")
+               "causality and sequence length; *lead* is the runner-up's latency ÷ the winner's. "
+               "Triton tile tuning timings are on the Kernel tuning page.")
     st.dataframe(ui.bounded(board, "leaderboard rows"), hide_index=True, width="stretch", column_config={
         "latency_ms": st.column_config.NumberColumn("latency ms", format="%.3g"),
         "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
@@ -43,8 +45,8 @@ if src is not None:
     if len(bad):
         st.warning(f"{len(bad)} of {len(last)} points of this sweep did not run (status oom/error); "
                    "see the Run page for their errors.")
-    cols = ["variant", "compiled", "pass", "device", "dtype", "causal", "seq_len", "config_label", "latency_ms",
-            "tokens_per_s", "useful_tflops", "efficiency", "peak_mem_mib", "status"]
+    cols = ["variant", "impl", "compiled", "pass", "device", "dtype", "causal", "seq_len", "config_label",
+            "latency_ms", "tokens_per_s", "useful_tflops", "efficiency", "peak_mem_mib", "status"]
     st.dataframe(ui.bounded(last[cols], "points of this sweep"), hide_index=True, width="stretch", column_config={
         "config_label": "config", "seq_len": "N", "peak_mem_mib": st.column_config.NumberColumn("peak MiB", format="%.3g"),
         "latency_ms": st.column_config.NumberColumn("latency ms", format="%.3g"),

@@ -7,7 +7,7 @@ from dashboard import analysis, figures, ui
 src = ui.header("Regressions", "Baseline A against candidate B, point by point. A change is flagged only when the "
                 "latency ratio passes the threshold and the p20–p80 ranges don't overlap (as asv does).")
 if src is not None:
-    df = ui.runs(src.snapshot)
+    df = analysis.attention_runs(ui.runs(src.snapshot))  # tile tuning rows: the Kernel tuning page
     by_label = {"sweep": "sweep_id", "tag": "tag", "git sha": "git_sha"}
     c0, c1, c2, c3 = st.columns([1, 2, 2, 1])
     by = by_label[c0.radio("compare by", list(by_label), key="reg_by")]
