@@ -529,7 +529,7 @@ def test_dashboard_from_the_wheel_in_a_venv_shows_the_packaged_reference_runs_an
     pytest.importorskip("plotly", reason="the dashboard needs plotly: pip install 'dilcompile[dashboard]'")
     duckdb = pytest.importorskip("duckdb", reason="the run store needs duckdb: pip install 'dilcompile[store]'")
     with duckdb.connect() as con:
-        measured = con.execute(f"SELECT count(*) FROM read_parquet('{ROOT}/runs/*/measurements.parquet')").fetchone()[0]
+        measured = con.execute(f"SELECT count(*) FROM read_parquet('{ROOT}/runs/**/measurements.parquet')").fetchone()[0]
     db = tmp_path / "missing.duckdb"  # no store: the dashboard falls back to the runs the wheel carries
     env = _outside_env(tmp_path, DILCOMPILE_DB=str(db))
     python = str(wheel_venv / "bin" / "python")
