@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import socket
 import subprocess
@@ -19,13 +20,18 @@ def free_port() -> int:
     residue (port % workers == its index): a port one worker found free is never handed to a server
     of the other, whose health check would answer for a server that failed to start."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    while True:
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")) % workers
+    # Chosen here, not by bind(("", 0)): Linux hands bind(0) ports of one parity only, so a
+    # worker of the other residue would wait for ever.
+    for _ in range(10_000):
+        port = random.randrange(20_000, 30_000) // workers * workers + index
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port % workers == index % workers:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: try another
+        return port
+    raise RuntimeError("no free port on 127.0.0.1 in 20000-30000")
 
 
 @contextlib.contextmanager
