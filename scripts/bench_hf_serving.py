@@ -1,5 +1,5 @@
-"""Hugging Face static-cache serving: decode tokens/s of ``generate`` with a
-compiled decode step, our attentions against sdpa and FlexAttention.
+"""Hugging Face static-cache serving: decode tokens/s and memory of ``generate``
+with a compiled decode step, our attentions against sdpa and FlexAttention.
 
 A Llama built from a config (random weights: speed does not depend on
 them); per case (context × batch) a prompt batch — batch 1 one unpadded row,
@@ -12,38 +12,46 @@ step; then rounds interleave the attentions (A, B, C, A, B, C, …), each
 round one generation whose steps a stopping criterion timestamps (it runs
 after every step's forward): prefill = start to the first stamp, decode
 tokens/s = batch × (new − 1) ÷ (last stamp − first stamp) — the decode steps
-alone, not a difference of two noisy generations that a long prefill swamps. Graphs compiled during the timed rounds are counted
-(``recompiles``; 0 expected). Up to ``--check-max`` tokens the greedy tokens
-of sdpa and ours are compared with their own eager ``DynamicCache``
-generation (FlexAttention's eager path materialises every score: skipped).
+alone, not a difference of two noisy generations that a long prefill swamps.
+Graphs compiled during the timed rounds are counted (``recompiles``; 0
+expected). Up to ``--check-max`` tokens the greedy tokens of sdpa and ours
+are compared with their own eager ``DynamicCache`` generation
+(FlexAttention's eager path materialises every score: skipped).
+
+Memory, in generations of their own after the timed rounds (the profiler
+slows what it watches; dilcompile/profile/memory.py): ``prefill_peak_mb``,
+the peak allocated in a one-token generation (the prefill, static cache
+included), and ``decode_alloc_mb_per_step``, what one compiled decode step
+allocates — a sparse step: in proportion to the keys it attends, not the cache.
 
 Rows go to the run store (``pass = 'decode'``, variant ``hf-static-decode``,
-impl = the attention name, the case and prefill ms in ``config``); a table
-and one JSON line are printed.
+impl = the attention name; the case, prefill ms and memory in ``config``); a
+table and one JSON line are printed.
 
     python scripts/bench_hf_serving.py [--quick] [--model small|large] [--contexts 1024 4096]
-        [--batches 1 4] [--threads 1] [--db runs/dilcompile.duckdb]
+        [--batches 1 4] [--threads 1] [--device auto] [--tag T] [--db runs/dilcompile.duckdb]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dilcompile.cli._util import render, store_path  # noqa: E402
-from dilcompile.profile import env as _env  # noqa: E402
-from dilcompile.profile.measure import percentile  # noqa: E402
-from dilcompile.profile.runner import run_script, utc_now  # noqa: E402
-from dilcompile.store import DEFAULT_DB, RunWriter, StoreError  # noqa: E402
+from dilcompile.cli._bench import COUNT, SIZE, close_store, open_store, parser  # noqa: E402
+from dilcompile.cli._util import render  # noqa: E402
+from dilcompile.profile.memory import peak_bytes, trace  # noqa: E402
+from dilcompile.profile.record import timing_columns  # noqa: E402
+from dilcompile.profile.runner import run_script  # noqa: E402
+from dilcompile.store import DEFAULT_DB, StoreError  # noqa: E402
+
+PROG = "bench_hf_serving"
 
 ATTENTIONS = ("sdpa", "flex_attention", "dilcompile_dilated", "dilcompile_block_sparse")
 OURS = ("dilcompile_dilated", "dilcompile_block_sparse")
@@ -93,29 +101,23 @@ class _Clock:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a tiny model, one short case, few rounds (a smoke run)")
+    ap = parser(PROG, __doc__, quick=False, rounds=5, device="auto", tag=None, db=DEFAULT_DB)
     ap.add_argument("--model", choices=sorted(MODELS), default="small")
-    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384], help="prompt lengths")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--contexts", type=SIZE, nargs="+", default=[1024, 4096, 16384], help="prompt lengths")
+    ap.add_argument("--batches", type=SIZE, nargs="+", default=[1, 4])
     ap.add_argument("--attentions", nargs="+", choices=ATTENTIONS, default=list(ATTENTIONS))
-    ap.add_argument("--new", type=int, default=32, help="new tokens per generation")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--check-max", type=int, default=4096,
+    ap.add_argument("--new", type=SIZE, default=32, help="new tokens per generation, at least 2")
+    ap.add_argument("--threads", type=SIZE, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--check-max", type=COUNT, default=4096,
                     help="compare tokens with eager generation up to this context")
-    ap.add_argument("--db", default=DEFAULT_DB, type=store_path)
     args = ap.parse_args(argv)
-    for name in ("contexts", "batches"):
-        if min(getattr(args, name)) < 1:
-            ap.error(f"--{name} take ints ≥ 1, got {getattr(args, name)}")
-    if args.new < 2 or args.rounds < 1:
-        ap.error(f"--new must be ≥ 2 and --rounds ≥ 1, got {args.new} and {args.rounds}")
+    if args.new < 2:  # a decode rate needs a step after the first token
+        ap.error(f"argument --new: '{args.new}' is not a whole number ≥ 2")
     try:
         from torch._dynamo.utils import counters
-        from transformers import CompileConfig
+        from transformers import CompileConfig, StoppingCriteriaList
     except ImportError:
-        print("bench_hf_serving: error: needs transformers: pip install 'dilcompile[hf]'", file=sys.stderr)
+        print(f"{PROG}: error: needs transformers: pip install 'dilcompile[hf]'", file=sys.stderr)
         return 1
     from dilcompile.integrations.transformers import register
 
@@ -128,60 +130,57 @@ def main(argv=None) -> int:
     else:
         cfg, attentions = MODELS[args.model] | SPARSITY, args.attentions
         cases = [(c, b) for c in args.contexts for b in args.batches]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     spec = cfg | {"model": "quick" if args.quick else args.model, "new": args.new, "rounds": args.rounds,
                   "threads": torch.get_num_threads(), "cases": cases}
-    sweep_id, now = uuid.uuid4().hex, utc_now()
-    try:  # the store is checked (and a bad one refused) before anything is measured
-        writer = RunWriter(args.db, {"sweep_id": sweep_id, "sweep_started_at": now, "sweep_kind": "bench",
-                                     "sweep_name": "bench_hf_serving", "tag": None, "spec": json.dumps(spec),
-                                     **_env.capture(device)})
-    except StoreError as exc:
-        print(f"bench_hf_serving: error: {exc}", file=sys.stderr)
+    recorder = open_store(PROG, args.db, spec, device, tag=args.tag)  # checked before anything is measured
+    if recorder is None:
         return 1
 
     compile_config = CompileConfig(fullgraph=True, mode="default")
     compile_config._compile_all_devices = True  # transformers compiles on CUDA by itself; on CPU when asked
+    static = dict(cache_implementation="static", compile_config=compile_config)
     models = {name: _model(name, cfg, max(c for c, _ in cases) + args.new, device, dtype) for name in attentions}
-    names = ["context", "batch", "attention", "prefill ms", "decode tokens/s", "÷ sdpa", "tokens = eager"]
+    names = ["context", "batch", "attention", "prefill ms", "decode tokens/s", "÷ sdpa", "tokens = eager",
+             "prefill peak MB", "decode MB/step"]
     table, all_equal, recompiled = [], True, 0
     for context, batch in cases:
         ids, mask = _prompts(context, batch, device)
-        greedy = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
 
         def generate(name, new, **kw):
             """→ (tokens, prefill ms, decode ms of the new − 1 steps after the first token)."""
-            from transformers import StoppingCriteriaList
-
             clock = _Clock()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             with torch.no_grad():  # the criterion reads the new token: each stamp follows its step's compute
-                out = models[name].generate(ids, max_new_tokens=new, min_new_tokens=new, **greedy, **kw,
+                out = models[name].generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                                            max_new_tokens=new, min_new_tokens=new, **kw,
                                             stopping_criteria=StoppingCriteriaList([clock]))
             return out, (clock.stamps[0] - start) * 1e3, (clock.stamps[-1] - clock.stamps[0]) * 1e3
 
-        static = dict(cache_implementation="static", compile_config=compile_config)
+        def decode_step(name):
+            """Allocations of the last decode step of a 3-token generation: those inside its compiled graph."""
+            return trace(lambda: generate(name, 3, **static), device).regions("Torch-Compiled Region")[-1]
+
         torch._dynamo.reset()  # each case's graphs: the models share their forward's code object and its graph limit
         compile_s, same, failed, running = {}, {}, {}, []
         for name in attentions:  # warm-up: compiles the decode step once
             graphs = counters["stats"]["unique_graphs"]
             try:
                 out, pre, dec = generate(name, args.new, **static)
-                ms = pre + dec
             except Exception as exc:  # noqa: BLE001 — e.g. FlexAttention's CPU lowering refusing a decode shape
                 failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
                 print(f"  {context} × {batch} {name}: failed, left out of this case: {failed[name]}", file=sys.stderr)
                 continue
             running.append(name)
-            compile_s[name] = ms / 1e3
+            compile_s[name] = (pre + dec) / 1e3
             if name != "flex_attention" and context <= args.check_max:
                 same[name] = bool(torch.equal(out, generate(name, args.new)[0]))
             said = {True: "equal", False: "DIFFER from"}.get(same.get(name), "not compared with")
             print(f"  {context} × {batch} {name}: compiled {counters['stats']['unique_graphs'] - graphs} graph(s) "
-                  f"in {ms / 1e3:.1f} s; tokens {said} eager", file=sys.stderr)
+                  f"in {compile_s[name]:.1f} s; tokens {said} eager", file=sys.stderr)
         graphs_before = counters["stats"]["unique_graphs"]
         decode, prefill = ({name: [] for name in running} for _ in range(2))
         for _ in range(args.rounds):  # interleaved: every attention once per round
@@ -191,43 +190,41 @@ def main(argv=None) -> int:
                 decode[name].append(dec)
         recompiles = counters["stats"]["unique_graphs"] - graphs_before
         recompiled += recompiles
-        base = {"sweep_id": sweep_id, "started_at": now, "variant": "hf-static-decode", "pass": "decode",
-                "mode": "longnet", "device": _env.device_name(device), "device_kind": device.type,
+        # memory: untimed, in generations of their own after the rounds (the profiler slows what it watches)
+        memory = {name: {"prefill_peak_mb": peak_bytes(lambda: generate(name, 1, **static), device) / 2**20,
+                         "decode_alloc_mb_per_step": decode_step(name).allocated_bytes / 2**20} for name in running}
+        base = {"variant": "hf-static-decode", "pass": "decode", "mode": "longnet",
                 "dtype": str(dtype).removeprefix("torch."), "batch": batch, "seq_len": context + args.new,
                 "heads": cfg["heads"], "head_dim": cfg["hidden"] // cfg["heads"], "causal": True, "compiled": True,
-                "recompiles": recompiles, "status": "ok"}
+                "recompiles": recompiles}
         rate = {}
         try:
             for name, error in failed.items():
-                writer.write(base | {"run_id": uuid.uuid4().hex, "impl": name, "status": "error", "error": error,
-                                     "config": json.dumps(spec | {"context": context})})
+                recorder.write(base | {"impl": name, "status": "error", "error": error,
+                                       "config": json.dumps(spec | {"context": context})})
             for name in running:
-                decode_ms = decode[name]
-                med = statistics.median(decode_ms)
-                rate[name] = batch * (args.new - 1) / med * 1e3
                 case = {"context": context, "prefill_ms": statistics.median(prefill[name]),
-                        "same_tokens_as_eager": same.get(name)}
-                writer.write(base | {"run_id": uuid.uuid4().hex, "impl": name, "repeats": len(decode_ms),
-                                     "latency_ms": med, "latency_p20_ms": percentile(decode_ms, 20),
-                                     "latency_p80_ms": percentile(decode_ms, 80), "latency_min_ms": min(decode_ms),
-                                     "tokens_per_s": rate[name], "compile_s": compile_s[name],
-                                     "config": json.dumps(spec | case)})
+                        "same_tokens_as_eager": same.get(name), **memory[name]}
+                rate[name] = recorder.write(base | {"impl": name, "status": "ok", "compile_s": compile_s[name],
+                                                    **timing_columns(decode[name], batch * (args.new - 1)),
+                                                    "config": json.dumps(spec | case)})["tokens_per_s"]
         except StoreError as exc:  # the writer saved the rows the store refused; the error says where
-            print(f"bench_hf_serving: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 1
-        for name in running:
-            ratio = rate[name] / rate["sdpa"] if "sdpa" in rate else None
-            table.append([context, batch, name, statistics.median(prefill[name]), rate[name], ratio, same.get(name)])
+        table += [[context, batch, name, statistics.median(prefill[name]), rate[name],
+                   rate[name] / rate["sdpa"] if "sdpa" in rate else None, same.get(name), *memory[name].values()]
+                  for name in running]
         all_equal &= all(same.values())
-    writer.close()
+    if close_store(PROG, recorder):
+        return 1
     print(render(names, table))
-    print(f"medians of {args.rounds} interleaved rounds on {_env.device_name(device)}, "
+    print(f"medians of {args.rounds} interleaved rounds on {recorder.device_name}, "
           f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s); "
           f"{recompiled} graph(s) compiled while timing")
     print(json.dumps({"bench": "hf_serving", "rows": [dict(zip(names, t)) for t in table],
-                      "recompiles": recompiled, "sweep_id": sweep_id}))
+                      "recompiles": recompiled, "sweep_id": recorder.sweep_id}))
     return 0 if all_equal else 1
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "bench_hf_serving"))
+    sys.exit(run_script(main, PROG))

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["bench_baselines", "bench_block_sparse", "bench_compile", "bench_decode", "bench_dilated",
-           "bench_packed", "bench_pattern_overhead", "bench_ring", "bench_sdpa_merge", "tune_triton"]
+           "bench_hf_serving", "bench_packed", "bench_pattern_overhead", "bench_ring", "bench_sdpa_merge", "tune_triton"]
 BAD = [("--seq-lens", "0"), ("--seq-lens", "-5"), ("--repeats", "0"), ("--rounds", "-1"), ("--warmup", "-1"),
        ("--max-time", "0"), ("--heads", "2.5"), ("--passes", "bwd"), ("--dtype", "int8"), ("--device", "tpu")]
 
