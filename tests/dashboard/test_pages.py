@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
+pytest.importorskip("streamlit.testing.v1")
 
-APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
-
-
-def _page(name: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.switch_page(f"views/{name}.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
+from apptest import open_page  # noqa: E402
 
 def _labels(widgets) -> list[str]:
     return [w.label for w in widgets]
@@ -25,7 +14,7 @@ def _labels(widgets) -> list[str]:
 
 def test_overview(sweep_db, dashboard_env):
     dashboard_env(sweep_db)
-    at = _page("overview")
+    at = open_page("overview")
     assert at.title[0].value == "Overview"
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["runs"] == "12" and metrics["sweeps"] == "2" and metrics["variants"] == "2"
@@ -37,7 +26,7 @@ def test_overview(sweep_db, dashboard_env):
 
 def test_compare(sweep_db, dashboard_env):
     dashboard_env(sweep_db)
-    at = _page("compare")
+    at = open_page("compare")
     assert {"device", "dtype", "variant", "impl", "pass", "causal", "config", "tag"} <= set(_labels(at.multiselect))
     assert len(at.get("plotly_chart")) == 6  # latency, tokens/s, TFLOP/s, η, memory, J/token
     assert at.selectbox(key="cmp_baseline").value == "sdpa"
@@ -54,7 +43,7 @@ def test_compare(sweep_db, dashboard_env):
 
 def test_run(sweep_db, dashboard_env):
     dashboard_env(sweep_db)
-    at = _page("run")
+    at = open_page("run")
     assert _labels(at.selectbox) == ["sweep", "run"]
     assert len(at.get("plotly_chart")) == 1  # the telemetry figure (host CPU samples on CPU runs)
     fields = set(at.dataframe[2].value["field"])
@@ -67,7 +56,7 @@ def test_run(sweep_db, dashboard_env):
 
 def test_patterns(dashboard_env, tmp_path):
     dashboard_env(str(tmp_path / "missing.duckdb"))  # the page needs no runs
-    at = _page("patterns")
+    at = open_page("patterns")
     assert at.radio(key="pat_kind").value == "dilated"
     assert len(at.get("plotly_chart")) == 2
     density = at.metric[0].value
@@ -80,7 +69,7 @@ def test_patterns(dashboard_env, tmp_path):
 
 def test_regressions(sweep_db, dashboard_env):
     dashboard_env(sweep_db)
-    at = _page("regressions")
+    at = open_page("regressions")
     assert _labels(at.selectbox)[:2] == ["A (baseline)", "B (candidate)"]
     assert len(at.get("plotly_chart")) == 1
     table = at.dataframe[0].value
@@ -92,7 +81,7 @@ def test_regressions(sweep_db, dashboard_env):
 
 def test_sql(sweep_db, dashboard_env):
     dashboard_env(sweep_db)
-    at = _page("sql")
+    at = open_page("sql")
     assert at.text_area(key="sql_text").value.startswith("SELECT")
     assert len(at.dataframe[0].value) > 0 and at.get("download_button")
     at.text_area(key="sql_text").set_value("DELETE FROM measurements")
@@ -105,7 +94,7 @@ def test_sql(sweep_db, dashboard_env):
 
 def test_missing_store_shows_reference_runs(reference_dir, dashboard_env, tmp_path):
     dashboard_env(str(tmp_path / "missing.duckdb"), reference_dir)
-    at = _page("overview")
+    at = open_page("overview")
     assert "reference runs" in at.info[0].value and "dilcompile profile" in at.info[0].value
     assert {m.label: m.value for m in at.metric}["runs"] == "12"
 
@@ -113,7 +102,7 @@ def test_missing_store_shows_reference_runs(reference_dir, dashboard_env, tmp_pa
 def test_empty_everywhere_says_how_to_add_runs(dashboard_env, tmp_path):
     dashboard_env(str(tmp_path / "missing.duckdb"))
     for page in ("overview", "compare", "run", "regressions", "sql"):
-        at = _page(page)
+        at = open_page(page)
         assert "dilcompile profile" in at.warning[0].value
 
 
@@ -123,7 +112,7 @@ def test_patterns_block_sparse_with_the_pattern_library(dashboard_env, tmp_path)
     from dilcompile.patterns import from_spec
 
     dashboard_env(str(tmp_path / "missing.duckdb"))
-    at = _page("patterns")
+    at = open_page("patterns")
     at.radio(key="pat_kind").set_value("block-sparse").run()
     assert at.selectbox(key="pat_name").value == "local_window"
     assert at.text_input(key="pat_spec_local_window").value == "local_window(window=64)"
@@ -145,7 +134,7 @@ def test_patterns_block_sparse_with_the_pattern_library(dashboard_env, tmp_path)
 def test_sql_page_survives_a_query_that_never_yields(sweep_db, dashboard_env):
     """The query runs in a child process: the page reports the timeout and keeps working."""
     dashboard_env(sweep_db)
-    at = _page("sql")
+    at = open_page("sql")
     at.number_input(key="sql_timeout").set_value(1)
     at.text_area(key="sql_text").set_value(
         "SELECT max(levenshtein(repeat('a', 60000), repeat('b', 60000) || range::VARCHAR)) FROM range(64)")
@@ -172,7 +161,7 @@ def test_damaged_store_names_the_file_and_shows_the_reference_runs(sweep_db, ref
             f.seek(12288)
             f.write(os.urandom(size - 12288))
     dashboard_env(str(db), reference_dir)
-    at = _page("overview")
+    at = open_page("overview")
     info = at.info[0].value
     assert "reference runs" in info and f"{db} is damaged" in info and "move it aside" in info
     assert {m.label: m.value for m in at.metric}["runs"] == "12"
@@ -200,7 +189,7 @@ def _imported(sweep_db, tmp_path, *statements) -> str:
 ], ids=["null-latency", "null-seq-len", "zero-latency-alone"])
 def test_compare_on_an_imported_store_with_a_baseline_without_latency(sweep_db, dashboard_env, tmp_path, change):
     dashboard_env(_imported(sweep_db, tmp_path, *change))
-    at = _page("compare")
+    at = open_page("compare")
     assert at.selectbox(key="cmp_baseline").value == "sdpa"
     assert "has no latency" in at.info[0].value and not at.dataframe
     at.selectbox(key="cmp_baseline").set_value("dilated").run()
@@ -214,7 +203,7 @@ def test_overview_pass_options_are_code_spans(sweep_db, dashboard_env, tmp_path)
     """Radio options are Markdown: the image was fetched by the browser (test_browser_markup)."""
     bait = "![p](http://pass.invalid/pass.png)"
     dashboard_env(_imported(sweep_db, tmp_path, f"UPDATE measurements SET pass = '{bait}' WHERE seq_len = 48"))
-    at = _page("overview")
+    at = open_page("overview")
     radio = at.radio(key="overview_pass")
     assert radio.options == [f"`{bait}`", "`fwd`"] and radio.value == bait
     radio.set_value("fwd").run()
@@ -227,19 +216,19 @@ def test_pages_bound_what_they_draw_and_say_so(sweep_db, dashboard_env, monkeypa
     monkeypatch.setattr(ui, "MAX_ROWS", 3)
     monkeypatch.setattr(figures, "MAX_TRACES", 2)
     dashboard_env(sweep_db)
-    at = _page("overview")
+    at = open_page("overview")
     assert [len(t.value) for t in at.dataframe] == [3, 3]
     notes = [c.value for c in at.caption if c.value.startswith("Showing the first")]
     assert notes == ["Showing the first 3 of 4 leaderboard rows: narrow the selection, or query them all on the "
                      "SQL page.", "Showing the first 3 of 8 points of this sweep: narrow the selection, or query "
                      "them all on the SQL page."]
-    at = _page("compare")
+    at = open_page("compare")
     assert any(c.value.startswith("The figures draw 4 of 8 points (2 of ") for c in at.caption), \
         [c.value for c in at.caption]
     assert len(at.dataframe[0].value) == 3
-    at = _page("run")
+    at = open_page("run")
     assert len(at.selectbox(key="run_sweep").options) == 2 and len(at.selectbox[1].options) == 3
     assert any(c.value.startswith("Showing the first 3 of 8 runs of this sweep") for c in at.caption)
-    at = _page("regressions")  # flagged points first: the first rows are the ones to read
+    at = open_page("regressions")  # flagged points first: the first rows are the ones to read
     assert len(at.dataframe[0].value) == 3 and any(c.value.startswith("Showing the first 3 of 8 points")
                                                    for c in at.caption)

@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
-AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
+pytest.importorskip("streamlit.testing.v1")
+
+from apptest import open_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = str(ROOT / "dashboard" / "app.py")
 TUNE = ROOT / "runs" / "h100-80gb-tune"
-
-
-def _page(name: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.switch_page(f"views/{name}.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def _expected() -> dict:
@@ -37,7 +30,7 @@ def _expected() -> dict:
 
 def test_tile_table_winner_and_ratios(dashboard_env, tmp_path):
     dashboard_env(str(tmp_path / "missing.duckdb"), str(TUNE))
-    at = _page("tuning")
+    at = open_page("tuning")
     expected = _expected()
     radio = at.radio(key="tune_kernel")
     assert radio.options == ["`fwd`", "`dq`", "`dkdv`"] and radio.value == "fwd"  # Markdown options: stored text as code spans
@@ -66,8 +59,8 @@ def test_tile_table_winner_and_ratios(dashboard_env, tmp_path):
 def test_tile_rows_are_no_attention_variants(dashboard_env, tmp_path):
     """Overview's leaderboard and Compare's variants hold the sdpa merge rows, not the tile candidates."""
     dashboard_env(str(tmp_path / "missing.duckdb"), str(TUNE))
-    at = _page("overview")
+    at = open_page("overview")
     assert {m.label: m.value for m in at.metric}["variants"] == "2"  # dilated, sdpa
     assert not any(str(b).startswith("triton-tile:") for b in at.dataframe[0].value["best"])
-    at = _page("compare")
+    at = open_page("compare")
     assert at.multiselect(key="cmp_variant").options == ["dilated", "sdpa"]
