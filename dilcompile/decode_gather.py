@@ -35,8 +35,8 @@ def real_slots(real: Tensor) -> Tensor:
     return real.new_zeros(batch, slots + 1, dtype=torch.int64).scatter(1, target, index)[:, :slots]
 
 
-def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Scores s (..., K) and key multiplicities (..., K) → (p, total, keep):
+def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Scores s (..., K) and key multiplicities (..., K) → (p, total):
     p ∝ weight · exp(s), non-keys' scores never read; total (..., 1) is 0 for a
     row with no key (its output is 0, not NaN)."""
     keep = weight > 0
@@ -44,7 +44,7 @@ def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor
     top = s.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0)  # no key at all: every p is 0 below, not NaN
     p = (s - top).exp() * weight.to(s.dtype)
-    return p, p.sum(-1, keepdim=True), keep
+    return p, p.sum(-1, keepdim=True)
 
 
 def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: float) -> Tensor:
@@ -53,13 +53,27 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     each slot's multiplicity, 0 = not a key → (B, H, 1, D) in q.dtype. Every
     slot's value enters the product (weighted 0 where not a key), as in dense
     attention over a masked cache: the cache's slots hold finite values (the
-    model's keys, or zeros where never written)."""
+    model's keys, or zeros where never written).
+
+    In float32 / float64 this is the dense kernel itself: a key counted w
+    times adds log w to its score (softmax(s + log w) = w·eˢ / Σ w·eˢ, log 0
+    = −inf leaving a non-key out), so the step runs sdpa's own kernel with a
+    (B, H, 1, S) bias — compiled, q is formed once instead of inside a
+    per-key reduction (Inductor turns a one-row matmul into a loop that
+    recomputes its producers, the rotary embedding, for every key). In half
+    precision a rounded log w would bias the weights, so there the weighted
+    softmax is written out."""
     batch, heads, _, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
+    if q.dtype in (torch.float32, torch.float64):
+        bias = weight.to(q.dtype).log()[:, :, None]  # (B, H, 1, S)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                                               enable_gqa=kv_heads != heads)
+        return torch.where((weight > 0).any(-1)[:, :, None, None], out, 0)  # a row with no key: 0, not NaN
     acc = accumulator_dtype(q.dtype)
     qg = q.to(acc).reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, Hkv, g, D)
     s = (qg @ k.to(acc).transpose(-1, -2)).reshape(batch, heads, slots) * scale  # (B, H, S)
-    p, total, _ = _softmax_weighted(s, weight)
+    p, total = _softmax_weighted(s, weight)
     out = (p.reshape(batch, kv_heads, -1, slots) @ v.to(acc)).reshape(batch, heads, dim)  # (B, H, D)
     return (out / torch.where(total > 0, total, 1))[:, :, None].to(q.dtype)
 
@@ -67,17 +81,25 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
 def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tensor, scale: float) -> Tensor:
     """q (B, H, 1, D); k, v (B, Hkv, S, D) with H a multiple of Hkv (query
     head h reads kv head h // (H / Hkv), grouped-query attention without a
-    repeated copy); slots (B, H, K) int64 in [0, S): the cache slots of the
-    index set; weight (B, H, K) int: each key's multiplicity, 0 = not a key.
-    → (B, H, 1, D) in q.dtype; a (row, head) with no key outputs 0."""
+    repeated copy of the cache); slots (B, H, K) int64 in [0, S): the cache
+    slots of the index set; weight (B, H, K) int: each key's multiplicity,
+    0 = not a key. → (B, H, 1, D) in q.dtype; a (row, head) with no key
+    outputs 0. What a non-key slot holds (a pad, an unwritten slot) is never
+    read: gathered as 0 (0 · NaN would still be NaN)."""
     batch, heads, _, _ = q.shape
-    acc = accumulator_dtype(q.dtype)
     kv_head = torch.arange(heads, device=q.device) // (heads // k.shape[1])
     index = (torch.arange(batch, device=q.device)[:, None, None], kv_head[None, :, None], slots)
+    keep = (weight > 0)[..., None]  # (B, H, K, 1)
+    if q.dtype in (torch.float32, torch.float64):  # the gathered keys (O(K) copies) through the dense kernel
+        keys, values = (x[index].masked_fill(~keep, 0) for x in (k, v))  # (B, H, K, D)
+        bias = weight.to(q.dtype).log()[:, :, None]  # log w: see attend_weighted
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+        return torch.where(keep.any(-2)[..., None], out, 0)
+    acc = accumulator_dtype(q.dtype)
     # Products summed over D rather than matmuls: compiled, the gather, the product and the sum are one
     # loop over the cache rows (no gathered copy of the keys), the dot products of a single query.
     s = (q.to(acc) * k[index].to(acc)).sum(-1) * scale  # (B, H, K)
-    p, total, keep = _softmax_weighted(s, weight)  # what a non-key slot holds (a pad, unwritten) is never read
-    values = v[index].to(acc).masked_fill(~keep[..., None], 0)  # 0 · NaN would still be NaN
+    p, total = _softmax_weighted(s, weight)
+    values = v[index].to(acc).masked_fill(~keep, 0)
     out = (p[..., None] * values).sum(-2) / torch.where(total > 0, total, 1)  # (B, H, D)
     return out[:, :, None].to(q.dtype)

@@ -34,17 +34,32 @@ def _branches(num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
     return [(w, r, offsets) for (_, w, r), offsets in branches.items()]
 
 
+def _residue(x: Tensor, r: int) -> Tensor:
+    """x mod r for x ≥ 0: a mask for a power of two (compiled, an integer
+    division per key costs more than the attention it decides)."""
+    return x & (r - 1) if r & (r - 1) == 0 else x % r
+
+
 def key_weights(position: Tensor, keys: Tensor, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
                 mode: str) -> Tensor:
     """position (B,) int64, the query's; keys (B, 1 or H, K) int64 key
     positions (negative: no key) → (B, H, K) int64: how many branches reach
-    each key from the query (0 past the query)."""
+    each key from the query (0 past the query). Per key only comparisons and
+    one residue per distinct rate: a key in the query's segment [s, p] is in
+    the branch iff key ≡ s + o (mod r), the divisions done on the query's
+    position alone."""
     p = position[:, None, None]  # (B, 1, 1)
     weight = torch.zeros((), dtype=torch.int64, device=keys.device)
+    residues = {}
     for w, r, offsets in _branches(num_heads, segments, rates, mode):
         o = torch.tensor(offsets, device=keys.device)[None, :, None]  # (1, H, 1); −1 matches nothing
-        weight = weight + (((p % w) % r == o) & ((keys % w) % r == o) & (keys // w == p // w))
-    return (weight * ((keys >= 0) & (keys <= p))).expand(keys.shape[0], num_heads, keys.shape[2])
+        start = p - p % w  # the query's segment
+        reached = (keys >= start) & ((p - start) % r == o)  # (B, H, K): in the segment, the query in the branch
+        if r > 1:
+            residue = residues.setdefault(r, _residue(keys.clamp(min=0), r))
+            reached &= residue == (start + o.clamp(min=0)) % r
+        weight = weight + reached
+    return (weight * (keys <= p)).expand(keys.shape[0], num_heads, keys.shape[2])
 
 
 def decode_keys(position: Tensor, slots: int, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
