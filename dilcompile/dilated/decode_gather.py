@@ -34,10 +34,12 @@ def _branches(num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
     return [(w, r, offsets) for (_, w, r), offsets in branches.items()]
 
 
-def _residue(x: Tensor, r: int) -> Tensor:
-    """x mod r for x ≥ 0: a mask for a power of two (compiled, an integer
-    division per key costs more than the attention it decides)."""
-    return x & (r - 1) if r & (r - 1) == 0 else x % r
+def _residue(x: Tensor, m: int) -> Tensor:
+    """x mod m for x ≥ 0: a mask for a power of two. Compiled, the weights
+    are one loop over the keys that recomputes the query's own quantities at
+    every key, so an integer division there costs more than the attention
+    the weights decide."""
+    return x & (m - 1) if m & (m - 1) == 0 else x % m
 
 
 def key_weights(position: Tensor, keys: Tensor, num_heads: int, segments: tuple[int, ...], rates: tuple[int, ...],
@@ -46,18 +48,17 @@ def key_weights(position: Tensor, keys: Tensor, num_heads: int, segments: tuple[
     positions (negative: no key) → (B, H, K) int64: how many branches reach
     each key from the query (0 past the query). Per key only comparisons and
     one residue per distinct rate: a key in the query's segment [s, p] is in
-    the branch iff key ≡ s + o (mod r), the divisions done on the query's
-    position alone."""
+    the branch iff key ≡ s + o (mod r)."""
     p = position[:, None, None]  # (B, 1, 1)
     weight = torch.zeros((), dtype=torch.int64, device=keys.device)
     residues = {}
     for w, r, offsets in _branches(num_heads, segments, rates, mode):
         o = torch.tensor(offsets, device=keys.device)[None, :, None]  # (1, H, 1); −1 matches nothing
-        start = p - p % w  # the query's segment
-        reached = (keys >= start) & ((p - start) % r == o)  # (B, H, K): in the segment, the query in the branch
+        start = p - _residue(p, w)  # the query's segment
+        reached = (keys >= start) & (_residue(p - start, r) == o)  # (B, H, K): the query in, the key in its segment
         if r > 1:
             residue = residues.setdefault(r, _residue(keys.clamp(min=0), r))
-            reached &= residue == (start + o.clamp(min=0)) % r
+            reached &= residue == _residue(start + o.clamp(min=0), r)
         weight = weight + reached
     return (weight * (keys <= p)).expand(keys.shape[0], num_heads, keys.shape[2])
 

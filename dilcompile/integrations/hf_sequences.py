@@ -104,7 +104,7 @@ def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, w
     position = rank.gather(1, last)[:, 0].clamp(min=0)  # (B,)
     query_real = real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
     positions, weight = keys_of(position)
-    if 2 * positions.shape[-1] >= slots:  # the index set is most of the cache: read it in place, each slot weighted
+    if positions.shape[-1] >= slots:  # an index set as long as the cache: read it in place, each slot weighted
         weight = weights_of(position, torch.where(real, rank, -1)[:, None, :])  # (B, H', S)
         return attend_weighted(q, key, value, weight.expand(-1, heads, -1) * query_real, scale)
     positions, weight = (t.expand(-1, heads, -1) for t in (positions, weight))  # (B, H, K)
