@@ -3,6 +3,8 @@
 - :mod:`.point` — one measurement point; :mod:`.sweep` — TOML sweeps → points
 - :mod:`.variants` — the variant registry (callable, inputs, useful FLOPs)
 - :mod:`.measure` — timing (CUDA events + L2 flush / perf_counter), peak memory, compile counters
+- :mod:`.memory` — allocations from the profiler's events (CPU has no allocator statistics)
+- :mod:`.record` — the one writer of a sweep's rows
 - :mod:`.telemetry` — NVML and host sampler; :mod:`.env` — environment capture
 - :mod:`.runner` — the sweep runner; :mod:`.maxlen` — longest sequence that runs
 """
