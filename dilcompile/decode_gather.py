@@ -47,6 +47,17 @@ def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     return p, p.sum(-1, keepdim=True)
 
 
+def _dense_kernel(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: float) -> Tensor:
+    """The weighted softmax on sdpa's kernel (float32 / float64): q (B, H, 1,
+    D), k, v (B, Hkv, K, D), weight (B, H, K) → (B, H, 1, D), 0 for a row with
+    no key (not NaN). A key counted w times adds log w to its score:
+    softmax(s + log w) = w·eˢ / Σ w·eˢ, and log 0 = −inf leaves a non-key out."""
+    bias = weight.to(q.dtype).log()[:, :, None]  # (B, H, 1, K)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                                           enable_gqa=k.shape[1] != q.shape[1])
+    return torch.where((weight > 0).any(-1)[:, :, None, None], out, 0)
+
+
 def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: float) -> Tensor:
     """q (B, H, 1, D); k, v (B, Hkv, S, D) with H a multiple of Hkv (query
     heads h·g … h·g + g − 1 read kv head h, in place); weight (B, H, S) int:
@@ -55,10 +66,8 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     attention over a masked cache: the cache's slots hold finite values (the
     model's keys, or zeros where never written).
 
-    In float32 / float64 this is the dense kernel itself: a key counted w
-    times adds log w to its score (softmax(s + log w) = w·eˢ / Σ w·eˢ, log 0
-    = −inf leaving a non-key out), so the step runs sdpa's own kernel with a
-    (B, H, 1, S) bias — compiled, q is formed once instead of inside a
+    In float32 / float64 this is the dense kernel itself (``_dense_kernel``:
+    log w added to each score) — compiled, q is formed once instead of inside a
     per-key reduction (Inductor turns a one-row matmul into a loop that
     recomputes its producers, the rotary embedding, for every key). In half
     precision a rounded log w would bias the weights, so there the weighted
@@ -66,10 +75,7 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     batch, heads, _, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
     if q.dtype in (torch.float32, torch.float64):
-        bias = weight.to(q.dtype).log()[:, :, None]  # (B, H, 1, S)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
-                                                               enable_gqa=kv_heads != heads)
-        return torch.where((weight > 0).any(-1)[:, :, None, None], out, 0)  # a row with no key: 0, not NaN
+        return _dense_kernel(q, k, v, weight, scale)
     acc = accumulator_dtype(q.dtype)
     qg = q.to(acc).reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, Hkv, g, D)
     s = (qg @ k.to(acc).transpose(-1, -2)).reshape(batch, heads, slots) * scale  # (B, H, S)
@@ -92,9 +98,7 @@ def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tens
     keep = (weight > 0)[..., None]  # (B, H, K, 1)
     if q.dtype in (torch.float32, torch.float64):  # the gathered keys (O(K) copies) through the dense kernel
         keys, values = (x[index].masked_fill(~keep, 0) for x in (k, v))  # (B, H, K, D)
-        bias = weight.to(q.dtype).log()[:, :, None]  # log w: see attend_weighted
-        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
-        return torch.where(keep.any(-2)[..., None], out, 0)
+        return _dense_kernel(q, keys, values, weight, scale)
     acc = accumulator_dtype(q.dtype)
     # Products summed over D rather than matmuls: compiled, the gather, the product and the sum are one
     # loop over the cache rows (no gathered copy of the keys), the dot products of a single query.
