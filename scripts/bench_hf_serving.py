@@ -166,17 +166,24 @@ class _Server:
 
 
 def _serve(conn, *args) -> None:
-    """A worker process: builds a ``_Server`` and answers (method, args) with ("ok", value) or ("error", text)."""
-    server = None
+    """A worker process: builds a ``_Server`` (the workers import and build at once) and answers
+    (method, args) with ("ok", value) or ("error", text)."""
+
+    def error(exc):
+        return "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+
+    try:
+        server, failed = _Server(*args), None
+    except Exception as exc:  # noqa: BLE001 — every call answers it
+        server, failed = None, error(exc)
     while True:
         call, call_args = conn.recv()
         if call == "stop":
             return
         try:
-            server = server or _Server(*args)
-            conn.send(("ok", getattr(server, call)(*call_args)))
+            conn.send(failed or ("ok", getattr(server, call)(*call_args)))
         except Exception as exc:  # noqa: BLE001 — e.g. FlexAttention's CPU lowering refusing a decode shape
-            conn.send(("error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"))
+            conn.send(error(exc))
 
 
 class _Worker:

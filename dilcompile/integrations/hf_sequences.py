@@ -56,6 +56,9 @@ def unflatten(x: Tensor, batch: int) -> Tensor:
 
 # A static cache's key slots, as the mask function describes them to the attention (uint8, (B, max_cache_len)).
 PAD, REAL, EMPTY = 0, 1, 2
+# A decode step gathers its index set when it is shorter than this share of the cache, else reads
+# the cache in place with a weight per slot (docs/serving.md: the gathered copy costs a key more).
+GATHER_BELOW = 0.5
 
 
 def slot_codes(padding: Tensor | None, batch: int, q_offset, q_length: int, kv_length: int, device) -> Tensor:
@@ -104,7 +107,7 @@ def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, w
     position = rank.gather(1, last)[:, 0].clamp(min=0)  # (B,)
     query_real = real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
     positions, weight = keys_of(position)
-    if positions.shape[-1] >= slots:  # an index set as long as the cache: read it in place, each slot weighted
+    if positions.shape[-1] >= GATHER_BELOW * slots:  # read the cache in place, each slot weighted
         weight = weights_of(position, torch.where(real, rank, -1)[:, None, :])  # (B, H', S)
         return attend_weighted(q, key, value, weight.expand(-1, heads, -1) * query_real, scale)
     positions, weight = (t.expand(-1, heads, -1) for t in (positions, weight))  # (B, H, K)
