@@ -84,6 +84,19 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     return (out / torch.where(total > 0, total, 1))[:, :, None].to(q.dtype)
 
 
+def _stored(x: Tensor) -> Tensor:
+    """``x``, computed into memory once where Inductor would inline it. A
+    loop over K keys that reads a small pointwise result (the query, after
+    the rotary embedding) otherwise recomputes it at every key — cos and sin
+    per key and head, which cost more than the dot products themselves.
+    Inductor's own layout prim realizes its input; eager, and under a
+    backend without that prim, ``x`` is returned as it is."""
+    if not torch.compiler.is_compiling():
+        return x
+    force = getattr(torch.ops.prims, "inductor_force_stride_order", None)
+    return x if force is None else force(x, x.stride())
+
+
 def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tensor, scale: float) -> Tensor:
     """q (B, H, 1, D); k, v (B, Hkv, S, D) with H a multiple of Hkv (query
     head h reads kv head h // (H / Hkv), grouped-query attention without a
@@ -95,6 +108,8 @@ def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tens
     batch, heads, _, _ = q.shape
     kv_head = torch.arange(heads, device=q.device) // (heads // k.shape[1])
     index = (torch.arange(batch, device=q.device)[:, None, None], kv_head[None, :, None], slots)
+    if q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu":
+        return _attend_cpu(q, k, v, index, weight, scale)
     keep = (weight > 0)[..., None]  # (B, H, K, 1)
     if q.dtype in (torch.float32, torch.float64):  # the gathered keys (O(K) copies) through the dense kernel
         keys, values = (x[index].masked_fill(~keep, 0) for x in (k, v))  # (B, H, K, D)
@@ -107,3 +122,30 @@ def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tens
     values = v[index].to(acc).masked_fill(~keep, 0)
     out = (p[..., None] * values).sum(-2) / torch.where(total > 0, total, 1)  # (B, H, D)
     return out[:, :, None].to(q.dtype)
+
+
+def _attend_cpu(q: Tensor, k: Tensor, v: Tensor, index: tuple[Tensor, Tensor, Tensor], weight: Tensor,
+                scale: float) -> Tensor:
+    """``attend_gathered`` in float32 / float64 on the CPU, with no gathered
+    copy of the keys or values: a fresh buffer of O(K·D) a step costs more
+    than reading it (glibc hands freed heap back to the system, and the next
+    step faults its pages in again). Scores are products summed over D
+    (compiled: one loop over the cache rows, q stored once before it); the
+    weighted sum of the values is ``embedding_bag`` with the probabilities
+    as per-sample weights (one bag per (row, head): an aten kernel that reads
+    each row once and writes only the output). docs/serving.md has the
+    measurements."""
+    batch, heads, dim = q.shape[0], q.shape[1], q.shape[3]
+    rows, kv_head, slots = index
+    keep = weight > 0
+    # A non-key reads one of its (row, head)'s keys instead, weighted 0: a pad's or an unwritten slot's
+    # content (NaN, say) never enters the sum; with no key at all the output is 0 below, whatever slot 0 holds.
+    some_key = torch.where(keep, slots, -1).amax(-1, keepdim=True).clamp(min=0)
+    slots = torch.where(keep, slots, some_key)
+    s = (_stored(q) * k[rows, kv_head, slots]).sum(-1) * scale  # (B, H, K)
+    p, total = _softmax_weighted(s, weight)
+    flat = ((rows * k.shape[1] + kv_head) * k.shape[2] + slots).flatten()  # rows of v viewed (B·Hkv·S, D)
+    bags = torch.arange(0, flat.numel(), slots.shape[-1], device=q.device)  # one bag per (row, head)
+    out = torch.nn.functional.embedding_bag(flat, v.reshape(-1, dim), bags, mode="sum",
+                                            per_sample_weights=p.flatten()).view(batch, heads, dim)
+    return torch.where(total > 0, out / torch.where(total > 0, total, 1), 0)[:, :, None].to(q.dtype)
