@@ -66,14 +66,18 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     attention over a masked cache: the cache's slots hold finite values (the
     model's keys, or zeros where never written).
 
-    In float32 / float64 this is the dense kernel itself (``_dense_kernel``:
-    log w added to each score) — compiled, q is formed once instead of inside a
-    per-key reduction (Inductor turns a one-row matmul into a loop that
-    recomputes its producers, the rotary embedding, for every key). In half
-    precision a rounded log w would bias the weights, so there the weighted
-    softmax is written out."""
+    In float32 / float64 on the CPU this is the gathered form with every slot
+    in the set (``_attend_cpu``: measured at least as fast as sdpa's kernel
+    with a bias over the cache, docs/serving.md); on other devices the dense
+    kernel itself (``_dense_kernel``: log w added to each score) — compiled,
+    q is formed once instead of inside a per-key reduction (Inductor turns a
+    one-row matmul into a loop that recomputes its producers, the rotary
+    embedding, for every key). In half precision a rounded log w would bias
+    the weights, so there the weighted softmax is written out."""
     batch, heads, _, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
+    if q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu":
+        return attend_gathered(q, k, v, torch.arange(slots, device=q.device).expand(batch, heads, slots), weight, scale)
     if q.dtype in (torch.float32, torch.float64):
         return _dense_kernel(q, k, v, weight, scale)
     acc = accumulator_dtype(q.dtype)

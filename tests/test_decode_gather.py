@@ -87,6 +87,24 @@ def test_gathered_decode_equals_the_float64_reference(seed, form, dtype):
     torch.testing.assert_close(out, want, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_dense_kernel_form_equals_the_cpu_form(seed):
+    """Float off the CPU runs sdpa's kernel with log w added to each score (``_dense_kernel``), on the
+    CPU the products and ``embedding_bag``: the same weighted softmax, GQA heads, multiplicities 0-3,
+    a (row, head) with no key at all (0)."""
+    from dilcompile import decode_gather
+
+    g = torch.Generator().manual_seed(200 + seed)
+    batch, kv_heads, groups, slots, dim = 2, 2, 1 + seed % 3, 5 + 7 * seed, 8
+    q = torch.randn(batch, kv_heads * groups, 1, dim, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, kv_heads, slots, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    weight = torch.randint(0, 4, (batch, kv_heads * groups, slots), generator=g)
+    weight[0, 0] = 0
+    want = decode_gather._dense_kernel(q, k, v, weight, 0.3)
+    torch.testing.assert_close(attend_weighted(q, k, v, weight, 0.3), want, rtol=1e-12, atol=1e-12)
+    assert not want[0, 0].any()
+
+
 def test_a_dense_config_gathers_the_whole_row_once():
     """One segment covering the cache, rate 1: the window form, every key once — sdpa's attention."""
     keys, weight = decode_keys(torch.tensor([5, 0]), 8, 2, (16,), (1,), "longnet")
