@@ -6,13 +6,13 @@ key (LongNet's branches merged by softmax denominators are one softmax over
 the union of their keys, a key counted once per branch that reaches it;
 docs/design.md, "Dilated attention"), 0 for a slot of the set that holds no
 key. ``attend_gathered`` reads those keys and values straight out of the
-cache, one softmax over them. Plain tensor ops with shapes fixed by the
-config and the cache size (no host read, no custom op), so a compiled decode
-step is one graph Inductor fuses: gather, dot products, softmax, weighted
-sum, reading O(keys attended) of the cache. Where the index set is not much
-shorter than the cache (short contexts), ``attend_weighted`` reads the whole
-cache in place instead, each slot weighted — two matmuls, as dense attention
-does, without gathering copies.
+cache, one softmax over them. Plain tensor ops (and, on the CPU,
+``embedding_bag``, an aten kernel Inductor calls as it is) with shapes fixed
+by the config and the cache size (no host read, no custom op), so a compiled
+decode step is one graph: gather, dot products, softmax, weighted sum,
+reading O(keys attended) of the cache. Where the index set is not shorter
+than the cache (short contexts), ``attend_weighted`` reads the whole cache
+in place instead, each slot weighted.
 """
 
 from __future__ import annotations

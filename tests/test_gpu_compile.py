@@ -66,7 +66,7 @@ def _configs() -> list[Config]:
     return out
 
 
-@pytest.mark.timeout(3600)  # ~330 builds, 2 at a time: about 2 min on a quiet 2-core machine, cold
+@pytest.mark.timeout(3600)  # ~330 builds, 2 at a time: about 8 min on a quiet 2-core machine, cold
 def test_kernels_compile_for_the_gpu_within_budgets():
     configs = _configs()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
