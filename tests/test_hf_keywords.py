@@ -24,13 +24,27 @@ DENSE = {"segment_lengths": [64], "dilation_rates": [1], "pattern": "local_windo
 POSITIONAL = {"query", "key", "value", "attention_mask"}  # the function's named parameters, passed by keyword
 
 
+_ATTENTION = ("attention_interface", "ALL_ATTENTION_FUNCTIONS")  # in the called expression's names
+
+
+def _names(node):
+    """The identifiers and string constants of an expression: where ``_ATTENTION`` can occur in its source
+    (both are identifier characters only, so no match spans punctuation)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            yield sub.value
+
+
 def _attention_calls(tree):
     """(call, enclosing function) for each call of an attention function in a modeling file."""
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for node in ast.walk(fn):
-                if isinstance(node, ast.Call) and ("attention_interface" in ast.unparse(node.func)
-                                                   or "ALL_ATTENTION_FUNCTIONS" in ast.unparse(node.func)):
+                if isinstance(node, ast.Call) and any(a in name for name in _names(node.func) for a in _ATTENTION):
                     yield node, fn
 
 
@@ -54,7 +68,10 @@ def _passed_keywords():
 
     found, calls = collections.defaultdict(set), 0
     for path in sorted(pathlib.Path(transformers.__file__).parent.glob("models/*/modeling_*.py")):
-        for call, fn in _attention_calls(ast.parse(path.read_text())):
+        text = path.read_text()
+        if not any(a in text for a in _ATTENTION):
+            continue  # no call of an attention function: not worth parsing
+        for call, fn in _attention_calls(ast.parse(text)):
             calls += 1
             for keyword in call.keywords:
                 if keyword.arg is not None:
