@@ -93,7 +93,8 @@ def _stored(x: Tensor) -> Tensor:
     loop over K keys that reads a small pointwise result (the query, after
     the rotary embedding) otherwise recomputes it at every key — cos and sin
     per key and head, which cost more than the dot products themselves.
-    Inductor's own layout prim realizes its input; eager, and under a
+    Inductor's own layout prim (``prims.inductor_force_stride_order``,
+    registered once Inductor is loaded) stores its input; eager, and under a
     backend without that prim, ``x`` is returned as it is."""
     if not torch.compiler.is_compiling():
         return x

@@ -45,10 +45,10 @@ def test_index_set_is_every_branch_key_with_multiplicity(seed):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_gathered_decode_equals_the_float64_reference(seed, form, dtype):
     """Pads anywhere in the keys (the query's slot real), GQA heads read without a repeated copy; the
-    index set gathered, or every slot read in place with its weight (the form of short caches). In
-    place, float runs sdpa's kernel with a log-multiplicity bias; gathered on the CPU, float sums the
-    values by ``embedding_bag``; half precision writes the weighted softmax out: each against float64
-    on the same (rounded) inputs."""
+    index set gathered, or every slot read in place with its weight (the form of short caches). Float
+    on the CPU sums products for the scores and the values by ``embedding_bag`` in both forms (the
+    dense-kernel form of other devices is checked against it below), half precision writes the weighted
+    softmax out: each against float64 on the same (rounded) inputs."""
     g = torch.Generator().manual_seed(100 + seed)
     segments, rates, mode, heads = _config(g)
     batch, slots, dim = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(2, 80, (), generator=g)), 8
