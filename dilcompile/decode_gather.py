@@ -76,7 +76,7 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     the weights, so there the weighted softmax is written out."""
     batch, heads, _, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
-    if q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu":
+    if _copy_free(q):
         return attend_gathered(q, k, v, torch.arange(slots, device=q.device).expand(batch, heads, slots), weight, scale)
     if q.dtype in (torch.float32, torch.float64):
         return _dense_kernel(q, k, v, weight, scale)
@@ -86,6 +86,12 @@ def attend_weighted(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, scale: floa
     p, total = _softmax_weighted(s, weight)
     out = (p.reshape(batch, kv_heads, -1, slots) @ v.to(acc)).reshape(batch, heads, dim)  # (B, H, D)
     return (out / torch.where(total > 0, total, 1))[:, :, None].to(q.dtype)
+
+
+def _copy_free(q: Tensor) -> bool:
+    """Whether both forms run ``_attend_cpu``: float on the CPU, where a fresh buffer a step costs more
+    than reading it. Half precision and other devices keep the forms below (not yet timed on a GPU)."""
+    return q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu"
 
 
 def _stored(x: Tensor) -> Tensor:
@@ -113,7 +119,7 @@ def attend_gathered(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, weight: Tens
     batch, heads, _, _ = q.shape
     kv_head = torch.arange(heads, device=q.device) // (heads // k.shape[1])
     index = (torch.arange(batch, device=q.device)[:, None, None], kv_head[None, :, None], slots)
-    if q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu":
+    if _copy_free(q):
         return _attend_cpu(q, k, v, index, weight, scale)
     keep = (weight > 0)[..., None]  # (B, H, K, 1)
     if q.dtype in (torch.float32, torch.float64):  # the gathered keys (O(K) copies) through the dense kernel
