@@ -23,16 +23,16 @@ from torch import Tensor
 from .numerics import accumulator_dtype
 
 
-def real_slots(real: Tensor) -> Tensor:
-    """(B, S) bool, True = a real token's slot → (B, S) int64: column i holds
-    the slot of the row's i-th real token (padding is absence: positions
-    count real tokens only, wherever the pads are); columns past a row's
-    real count hold 0."""
-    batch, slots = real.shape
-    rank = real.cumsum(1) - 1  # (B, S): the position of each real slot
-    target = torch.where(real, rank, slots)  # pads to a spare column, dropped below
-    index = torch.arange(slots, device=real.device).expand(batch, slots)
-    return real.new_zeros(batch, slots + 1, dtype=torch.int64).scatter(1, target, index)[:, :slots]
+def real_slots(count: Tensor, positions: Tensor) -> Tensor:
+    """count (B, S) int32: each row's real tokens up to and including each
+    slot (``real.cumsum(1)``); positions (B, ...) int: real-token positions
+    (padding is absence: positions count real tokens only, wherever the pads
+    are) → (B, ...) int64: the slot of each row's position-th real token. A
+    position past a row's real tokens gives a slot in range (such a key
+    carries weight 0 and is never read). A binary search per position: a
+    step allocates O(keys), not the (B, S) slot table of a scatter."""
+    slot = torch.searchsorted(count, (positions.flatten(1) + 1).to(count.dtype))
+    return slot.clamp(max=count.shape[1] - 1).view(positions.shape)
 
 
 def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:

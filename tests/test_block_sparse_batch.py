@@ -90,7 +90,8 @@ def test_randomized_row_groups_equal_float64_with_gradients(seed):
     causal = bool(torch.randint(2, (), generator=g))
     b, h = int(torch.randint(1, 6, (), generator=g)), int(torch.randint(1, 5, (), generator=g))
     n, bs = int(torch.randint(1, 91, (), generator=g)), [8, 16, 32][int(torch.randint(3, (), generator=g))]
-    options = PlanOptions(chunk_elements=1 << int(torch.randint(8, 17, (), generator=g)))
+    options = PlanOptions(chunk_elements=1 << int(torch.randint(8, 17, (), generator=g)),
+                          call_query_tokens=1 << int(torch.randint(0, 9, (), generator=g)))
     bound = (causal_of(pattern) if causal else pattern).with_heads(h)
     plan = make_plan(bound, h, n, bs, torch.device("cpu"), options)
     q, k, v = random_qkv(b, h, n, 8, requires_grad=True, seed=seed)
@@ -100,6 +101,30 @@ def test_randomized_row_groups_equal_float64_with_gradients(seed):
     grad = torch.randn_like(want)
     for x, y in zip(torch.autograd.grad(got, (q, k, v), grad), torch.autograd.grad(want, (q, k, v), grad)):
         torch.testing.assert_close(x, y, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["global_local", "dilated", "hierarchical"])
+def test_a_forward_call_runs_at_most_its_query_tokens_and_gives_the_same_output(name):
+    """Each forward call runs whole rows and at most ``call_query_tokens`` queries per head (its
+    output and copies stay that size: one call over a global key block's rows held three copies of
+    nearly the whole output); cutting a call's rows changes no query's arithmetic: bit-equal to the
+    plan of one call per kind, which sees these patterns' long calls."""
+    from dilcompile.block_sparse.impl.calls import queries_per_row
+
+    pattern = {"global_local": global_local(64, 16), "dilated": dilated((64, 256), (1, 4)),
+               "hierarchical": hierarchical(((1, 4), (8, 3)))}[name]
+    n, bs, tokens = 1000, 16, 64
+    bound = causal_of(pattern).with_heads(2)
+    whole = make_plan(bound, 2, n, bs, torch.device("cpu"), PlanOptions(call_query_tokens=1 << 30))
+    cut = make_plan(bound, 2, n, bs, torch.device("cpu"), PlanOptions(call_query_tokens=tokens))
+    assert any(c.rows.numel() * queries_per_row(c, bs) > tokens for c in whole.calls)
+    for call in cut.calls:
+        per_row = queries_per_row(call, bs)
+        assert call.rows.numel() * per_row <= tokens or call.rows.numel() == 1, (call, per_row)
+    q, k, v = random_qkv(2, 2, n, 8, seed=5)
+    from dilcompile.block_sparse.ops import _Gather
+
+    assert torch.equal(_Gather.apply(q, k, v, cut, 8 ** -0.5), _Gather.apply(q, k, v, whole, 8 ** -0.5))
 
 
 def test_rows_per_call_keep_the_score_element_bound():

@@ -104,14 +104,13 @@ def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, w
 
     batch, heads, slots = q.shape[0], q.shape[1], codes.shape[1]
     real = codes == REAL  # (B, S)
-    rank = real.cumsum(1) - 1  # (B, S): each real slot's position
+    count = real.cumsum(1, dtype=torch.int32)  # (B, S): real tokens up to each slot (int32: half the bytes)
     last = ((codes[0] != EMPTY).sum() - 1).expand(batch, 1)  # the query's slot: a cache is written in step
-    position = rank.gather(1, last)[:, 0].clamp(min=0)  # (B,)
+    position = (count.gather(1, last)[:, 0] - 1).clamp(min=0)  # (B,)
     query_real = real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
     positions, weight = keys_of(position)
     if positions.shape[-1] >= GATHER_BELOW * slots:  # read the cache in place, each slot weighted
-        weight = weights_of(position, torch.where(real, rank, -1)[:, None, :])  # (B, H', S)
+        weight = weights_of(position, torch.where(real, count - 1, -1)[:, None, :])  # (B, H', S)
         return attend_weighted(q, key, value, weight.expand(-1, heads, -1) * query_real, scale)
     positions, weight = (t.expand(-1, heads, -1) for t in (positions, weight))  # (B, H, K)
-    index = real_slots(real).gather(1, positions.flatten(1)).view(positions.shape)
-    return attend_gathered(q, key, value, index, weight * query_real, scale)
+    return attend_gathered(q, key, value, real_slots(count, positions), weight * query_real, scale)

@@ -51,13 +51,20 @@ class PlanOptions:
     # 2000 × 16 / 64 × 512 / 4 × 4096 tokens and local windows 300 × 128 / 8 × 2048; 2^24 (folding
     # up to chunk_elements) is 1.8× slower on 4 × 4096.
     fold_elements: int = 1 << 18
+    # Query tokens per head of one forward kernel call (whole rows, at least one): a call holds its
+    # output, and a merging call or one whose rows are picked holds copies of its queries and of the
+    # output it merges into — bounded, they stay a small part of the output at any N (one call over
+    # a global key block's 127 of 128 rows held three copies of nearly the whole output: 1.3x dense
+    # attention's prefill peak in a Llama at 16K).
+    call_query_tokens: int = 1 << 12
     # Mask elements kept resident per plan as floats in the kernel's dtype; up to
     # bool_mask_cache_elements as bools; larger plans rebuild the mask per call.
     mask_cache_elements: int = 1 << 26
     bool_mask_cache_elements: int = 1 << 29
 
     def __post_init__(self):
-        for name in ("min_band_rows", "min_sub_rows", "chunk_elements", "fold_elements", "mask_cache_elements",
+        for name in ("min_band_rows", "min_sub_rows", "chunk_elements", "fold_elements", "call_query_tokens",
+                     "mask_cache_elements",
                      "bool_mask_cache_elements"):
             check_positive_int(f"PlanOptions.{name}", getattr(self, name))
         for name in ("backward_split_saving", "token_saving"):
@@ -214,10 +221,11 @@ class GatherPlan:
 def score_elements(call: Call, block_size: int) -> int:
     """Score-matrix elements of one head of one batch row of ``call`` (C rows × queries × keys)."""
     _, rows, slots = call.idx.shape
-    return rows * slots * _queries_per_row(call, block_size) * _keys_per_slot(call, block_size)
+    return rows * slots * queries_per_row(call, block_size) * _keys_per_slot(call, block_size)
 
 
-def _queries_per_row(call: Call, block_size: int) -> int:
+def queries_per_row(call: Call, block_size: int) -> int:
+    """Query tokens one row of ``call`` runs."""
     if isinstance(call, BandCall):
         return call.unit
     if isinstance(call, TokenCall) and call.qtok is not None:

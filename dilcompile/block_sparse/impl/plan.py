@@ -12,7 +12,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .calls import BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pair_mask, token_pairs
+from .calls import (BandCall, BlockCall, Call, GatherPlan, PlanOptions, TokenCall, allowed_pair_mask, queries_per_row,
+                    token_pairs)
 
 __all__ = ["BandCall", "BlockCall", "Call", "GatherPlan", "PlanOptions", "TokenCall", "make_plan"]
 
@@ -98,16 +99,38 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device,
     forward, backward = [], []
     for c in _share_keys(calls, num_heads, options.chunk_elements):
         if not isinstance(c, BandCall) or c.step != 1:  # not a sliding band: whole rows both ways
-            forward.append(c)
+            forward += _row_chunks(c, block_size, options.call_query_tokens)
             backward.append(c)
             continue
         # The forward splits every sliding band into sub-rows; the backward only
         # where that saves many pairs (a global query block's halves).
         parts = _sub_rows(pattern, n, c, options.min_sub_rows)
-        forward += parts
+        forward += [chunk for p in parts for chunk in _row_chunks(p, block_size, options.call_query_tokens)]
         saved = 1 - sum(_band_pairs(p) for p in parts) / _band_pairs(c)
         backward += parts if saved >= options.backward_split_saving else [c]
     return GatherPlan(n, block_size, nb, pattern, forward, backward, options)
+
+
+def _row_chunks(call: Call, block_size: int, query_tokens: int) -> list[Call]:
+    """``call`` as consecutive calls of whole rows, each running at most
+    ``query_tokens`` queries per head (at least one row): the same pairs,
+    each call's temporaries bounded (``PlanOptions.call_query_tokens``)."""
+    size = max(1, query_tokens // queries_per_row(call, block_size))
+    count = call.rows.numel()
+    if count <= size:
+        return [call]
+    chunks = []
+    for i in range(0, count, size):
+        j = min(i + size, count)
+        fields = {name: getattr(call, name)[:, i:j] for name in ("idx", "valid", "full", "qtok", "qvalid")
+                  if getattr(call, name, None) is not None}
+        fields["rows"] = call.rows[i:j]
+        if call.r0 is not None:
+            fields["r0"] = call.r0 + i
+        if isinstance(call, BandCall):  # row c's run starts at block first + step·c
+            fields["first"] = call.first + call.step * i
+        chunks.append(replace(call, **fields))
+    return chunks
 
 
 def _band_pairs(call: BandCall) -> int:
