@@ -23,18 +23,6 @@ from torch import Tensor
 from .numerics import accumulator_dtype
 
 
-def real_slots(count: Tensor, positions: Tensor) -> Tensor:
-    """count (B, S) int32: each row's real tokens up to and including each
-    slot (``real.cumsum(1)``); positions (B, ...) int: real-token positions
-    (padding is absence: positions count real tokens only, wherever the pads
-    are) → (B, ...) int64: the slot of each row's position-th real token. A
-    position past a row's real tokens gives a slot in range (such a key
-    carries weight 0 and is never read). A binary search per position: a
-    step allocates O(keys), not the (B, S) slot table of a scatter."""
-    slot = torch.searchsorted(count, (positions.flatten(1) + 1).to(count.dtype))
-    return slot.clamp(max=count.shape[1] - 1).view(positions.shape)
-
-
 def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     """Scores s (..., K) and key multiplicities (..., K) → (p, total):
     p ∝ weight · exp(s), non-keys' scores never read; total (..., 1) is 0 for a

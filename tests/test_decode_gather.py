@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dilcompile.decode_gather import attend_gathered, attend_weighted, real_slots
+from dilcompile.decode_gather import attend_gathered, attend_weighted
 from dilcompile.dilated.decode_gather import decode_keys, key_weights
 from dilcompile.dilated.geometry import multiplicity, plan_parts
 from dilcompile.dilated.suffix import suffix_reference
@@ -40,22 +40,6 @@ def test_index_set_is_every_branch_key_with_multiplicity(seed):
         assert torch.equal(got[:, : p + 1], want) and not got[:, p + 1 :].any(), (b, p)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_real_slots_finds_each_real_token(seed):
-    """The slot of each row's i-th real token, pads anywhere (the first slot, runs, none, all); a
-    position past a row's real tokens gives a slot in range."""
-    g = torch.Generator().manual_seed(300 + seed)
-    batch, slots = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(1, 70, (), generator=g))
-    real = torch.rand(batch, slots, generator=g) < torch.rand((), generator=g)
-    positions = torch.randint(0, slots + 3, (batch, 2, 9), generator=g)
-    got = real_slots(real.cumsum(1, dtype=torch.int32), positions)
-    assert got.shape == positions.shape and bool(((got >= 0) & (got < slots)).all())
-    for b in range(batch):
-        where = real[b].nonzero()[:, 0]
-        inside = positions[b] < len(where)
-        assert torch.equal(got[b][inside], where[positions[b][inside]]), b
-
-
 @pytest.mark.parametrize("seed", range(24))
 @pytest.mark.parametrize("form", ["gathered", "weighted"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -82,7 +66,8 @@ def test_gathered_decode_equals_the_float64_reference(seed, form, dtype):
     if form == "gathered":  # a slot outside the index set is never read: NaN in the pads reaches nothing
         k[pads[:, None].expand(-1, kv_heads, -1)] = v[pads[:, None].expand(-1, kv_heads, -1)] = float("nan")
         keys, weight = decode_keys(position, slots, heads, segments, rates, mode)
-        index = real_slots(real.cumsum(1, dtype=torch.int32), keys)
+        index = torch.stack([real[b].nonzero()[:, 0][keys[b].clamp(max=int(real[b].sum()) - 1)]
+                             for b in range(batch)])  # the slot of each key position
         out = attend_gathered(q.to(dtype), k.to(dtype), v.to(dtype), index, weight, scale)
     else:
         ranks = torch.where(real, real.cumsum(1) - 1, -1)[:, None, :]  # each slot's position, −1 for a pad

@@ -113,6 +113,33 @@ def test_cache_order_puts_the_written_slots_last_in_order(seed):
         assert torch.equal(k[b, 0, -q_length:, 0], torch.arange(q_offset, q_offset + q_length).double())
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_slot_codes_give_each_slot_its_kind_and_each_position_its_slot(seed):
+    """Random batch, cache size, written length and pads anywhere (the first slot, runs, none, all):
+    codes never decrease along a row (a binary search over them is exact); a slot is real exactly
+    where written and kept; a real slot's code // 2 is its position; ``slots_of`` finds the slot of
+    each row's i-th real token, and a position past a row's real tokens a slot in range."""
+    g = torch.Generator().manual_seed(300 + seed)
+    batch, slots = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(1, 70, (), generator=g))
+    written = int(torch.randint(1, slots + 1, (), generator=g))
+    padding = torch.rand(batch, written, generator=g) < torch.rand((), generator=g)
+    offset = torch.tensor(written - 1) if seed % 2 else written - 1
+    codes = hf_sequences.slot_codes(padding, batch, offset, 1, slots, "cpu")
+    assert codes.dtype == hf_sequences.CODES_DTYPE and bool((codes[:, 1:] >= codes[:, :-1]).all())
+    real = torch.zeros(batch, slots, dtype=torch.bool)
+    real[:, :written] = padding
+    assert torch.equal(hf_sequences.is_real(codes), real)
+    assert bool((codes[:, written:] == hf_sequences.EMPTY).all())
+    positions = torch.randint(0, slots + 3, (batch, 2, 9), generator=g)
+    got = hf_sequences.slots_of(codes, positions)
+    assert got.shape == positions.shape and bool(((got >= 0) & (got < slots)).all())
+    for b in range(batch):
+        where = real[b].nonzero()[:, 0]
+        assert torch.equal(codes[b, where] // 2, torch.arange(len(where), dtype=codes.dtype))
+        inside = positions[b] < len(where)
+        assert torch.equal(got[b][inside], where[positions[b][inside]]), b
+
+
 def test_sliding_caches_and_masks_longer_than_the_cache_are_refused():
     from transformers.masking_utils import causal_mask_function
 

@@ -54,8 +54,13 @@ def unflatten(x: Tensor, batch: int) -> Tensor:
     return x.reshape(h, batch, total // batch, d).transpose(0, 1)
 
 
-# A static cache's key slots, as the mask function describes them to the attention (uint8, (B, max_cache_len)).
-PAD, REAL, EMPTY = 0, 1, 2
+# A static cache's key slots, as the mask function describes them to the attention ((B, max_cache_len)
+# int32, non-decreasing along a row): a written slot holds 2·(real tokens before it) + 1 if it is real,
+# + 0 if a pad; a slot not yet written holds EMPTY (even: not real). So one tensor, built once a step,
+# gives each layer a slot's kind (odd = real), a real slot's position (code // 2) and, by binary search,
+# the slot of any position — no per-layer running count of the real tokens.
+CODES_DTYPE = torch.int32
+EMPTY = 2**31 - 2
 # A decode step gathers its index set when it is shorter than this share of the cache, else reads
 # the cache in place with a weight per slot. Measured at 4K (3,072 of 4,113 slots, docs/serving.md):
 # gathered, 1.6-1.7x sdpa's tokens/s; in place, 0.9x (a half share was the rule while a gathered
@@ -64,18 +69,35 @@ GATHER_BELOW = 1.0
 
 
 def slot_codes(padding: Tensor | None, batch: int, q_offset, q_length: int, kv_length: int, device) -> Tensor:
-    """(B, kv_length) uint8 codes of a static cache's slots: ``EMPTY`` from
-    slot q_offset + q_length on (not yet written), else ``REAL`` or ``PAD``
-    by the padding mask (True = keep, slot-aligned from slot 0; shorter masks
-    keep the slots they do not cover). ``q_offset`` may be a tensor (the
-    cache's written length, which transformers keeps as a tensor so that
-    decode steps share one graph)."""
+    """(B, kv_length) codes of a static cache's slots (``CODES_DTYPE``, see
+    above): ``EMPTY`` from slot q_offset + q_length on (not yet written),
+    else real or a pad by the padding mask (True = keep, slot-aligned from
+    slot 0; shorter masks keep the slots they do not cover). ``q_offset`` may
+    be a tensor (the cache's written length, which transformers keeps as a
+    tensor so that decode steps share one graph)."""
     slots = torch.arange(kv_length, device=device)
     written = slots < q_offset + q_length
     keep = torch.ones(batch, kv_length, dtype=torch.bool, device=device)
     if padding is not None:
         keep[:, : padding.shape[1]] = padding
-    return torch.where(written, keep.to(torch.uint8), EMPTY)
+    real = (keep & written).to(CODES_DTYPE)
+    return torch.where(written, 2 * real.cumsum(1, dtype=CODES_DTYPE) - real, EMPTY)
+
+
+def is_real(codes: Tensor) -> Tensor:
+    """(B, S) slot codes → (B, S) bool, True at a real token's slot."""
+    return codes % 2 == 1
+
+
+def slots_of(codes: Tensor, positions: Tensor) -> Tensor:
+    """(B, S) slot codes, positions (B, ...) int: real-token positions
+    (padding is absence: positions count real tokens only, wherever the pads
+    are) → (B, ...) int64: the slot of each row's position-th real token — the
+    first slot whose code reaches 2·position + 1. A position past a row's
+    real tokens gives a slot in range (such a key carries weight 0 and is
+    never read). A binary search per position: a step allocates O(keys)."""
+    slot = torch.searchsorted(codes, (2 * positions.flatten(1) + 1).to(codes.dtype))
+    return slot.clamp(max=codes.shape[1] - 1).view(positions.shape)
 
 
 def cache_order(key: Tensor, value: Tensor, codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -88,7 +110,7 @@ def cache_order(key: Tensor, value: Tensor, codes: Tensor) -> tuple[Tensor, Tens
     slots = codes.shape[1]
     written = (codes[0] != EMPTY).sum()  # the same for every row: a cache is written in step
     order = (torch.arange(slots, device=codes.device) + written) % slots
-    return key.index_select(2, order), value.index_select(2, order), codes.index_select(1, order) != REAL
+    return key.index_select(2, order), value.index_select(2, order), ~is_real(codes.index_select(1, order))
 
 
 def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, weights_of, scale: float) -> Tensor:
@@ -100,17 +122,16 @@ def decode_step(q: Tensor, key: Tensor, value: Tensor, codes: Tensor, keys_of, w
     weights); ``weights_of(position, keys)`` the weights of any (B, 1, K) key
     positions. → (B, H, 1, D). Left-padded rows differ only in their phase:
     one batched step, no rotation or copy of the cache (docs/serving.md)."""
-    from ..decode_gather import attend_gathered, attend_weighted, real_slots
+    from ..decode_gather import attend_gathered, attend_weighted
 
     batch, heads, slots = q.shape[0], q.shape[1], codes.shape[1]
-    real = codes == REAL  # (B, S)
-    count = real.cumsum(1, dtype=torch.int32)  # (B, S): real tokens up to each slot (int32: half the bytes)
     last = ((codes[0] != EMPTY).sum() - 1).expand(batch, 1)  # the query's slot: a cache is written in step
-    position = (count.gather(1, last)[:, 0] - 1).clamp(min=0)  # (B,)
-    query_real = real.gather(1, last)[:, :, None]  # a pad query (none in generate) attends nothing: out 0
+    at_query = codes.gather(1, last)[:, 0]  # (B,)
+    position = (at_query // 2).long()  # the real tokens before the query's slot
+    query_real = is_real(at_query)[:, None, None]  # a pad query (none in generate) attends nothing: out 0
     positions, weight = keys_of(position)
     if positions.shape[-1] >= GATHER_BELOW * slots:  # read the cache in place, each slot weighted
-        weight = weights_of(position, torch.where(real, count - 1, -1)[:, None, :])  # (B, H', S)
+        weight = weights_of(position, torch.where(is_real(codes), codes // 2, -1)[:, None, :])  # (B, H', S)
         return attend_weighted(q, key, value, weight.expand(-1, heads, -1) * query_real, scale)
     positions, weight = (t.expand(-1, heads, -1) for t in (positions, weight))  # (B, H, K)
-    return attend_gathered(q, key, value, real_slots(count, positions), weight * query_real, scale)
+    return attend_gathered(q, key, value, slots_of(codes, positions), weight * query_real, scale)

@@ -239,7 +239,7 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
     (keys_of, weights_of(position, keys, heads), divisor of the output)
     (``hf_sequences.decode_step``)."""
     causal = _keywords(module, kwargs)
-    static = attention_mask is not None and attention_mask.dtype == torch.uint8  # a static cache's slot codes
+    static = attention_mask is not None and attention_mask.dtype == hf_sequences.CODES_DTYPE  # a static cache's slots
     if static and query.shape[2] == 1:
         q, _, _ = _inputs(query, key, value, None, dropout, repeat=False)
         q, scale = _constant_scale(q, scaling)
