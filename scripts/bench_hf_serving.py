@@ -5,7 +5,8 @@ A Llama built from a config (random weights: speed does not depend on
 them); per case (context × batch) a prompt batch — batch 1 one unpadded row,
 more rows left-padded (row b has context − b·context/(2·batch) real
 tokens) — and greedy ``generate(cache_implementation="static")`` with
-transformers' own ``compile_config`` (fullgraph; on CPU transformers
+transformers' own ``compile_config`` (fullgraph; CUDA graphs on CUDA,
+``mode="reduce-overhead"`` as transformers' default; on CPU transformers
 compiles only when asked with ``_compile_all_devices``, which this script
 sets). Each attention runs in a process of its own (its own Dynamo cache:
 in one process the models would share their forward's code object, and a
@@ -118,7 +119,9 @@ class _Server:
         torch.set_num_threads(threads)
         self.name, self.device, self.new, self.check_max = name, torch.device(device), new, check_max
         self.model = _model(name, cfg, max_len, self.device, dtype)
-        compile_config = CompileConfig(fullgraph=True, mode="default")
+        # On CUDA, transformers' own default: the decode step captured as a CUDA graph.
+        mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        compile_config = CompileConfig(fullgraph=True, mode=mode)
         compile_config._compile_all_devices = True  # transformers compiles on CUDA by itself; on CPU when asked
         self.static = dict(cache_implementation="static", compile_config=compile_config)
 

@@ -2,7 +2,7 @@
 # One command for a GPU machine: correctness on CUDA, then the measurements,
 # each part leaving a log and a Parquet export in OUT_DIR (docs/gpu.md).
 #
-#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..6, default all
+#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..7, default all
 #   scripts/gpu_harvest.sh --rehearse OUT_DIR [PART ...]   anywhere: every step that needs no GPU
 #
 # Parts (estimated H100 minutes in docs/gpu.md; each is cut at HARVEST_PART_TIMEOUT seconds):
@@ -12,6 +12,7 @@
 #   4 std-bf16    the standard sweep's bf16 rows with NVML telemetry
 #   5 std-fp32    the standard sweep's fp32 rows with NVML telemetry
 #   6 maxlen      dilcompile maxlen: longest forward N, H=8, D=64, bf16
+#   7 serving     bench_hf_serving: compiled static-cache decode (CUDA graphs), bf16, both models
 # Each part: DuckDB in $HARVEST_TMP, export (sweeps/measurements/telemetry.parquet) and log.txt in
 # OUT_DIR/p<k>-<name>/ — at most 4 files a part, so any two parts fit the 8 files a call brings back.
 #
@@ -26,10 +27,10 @@ WHEELS="${HARVEST_WHEELS:-$REPO/.whl}"
 SITE="${HARVEST_SITE:-/tmp/site}"
 TMP="${HARVEST_TMP:-/tmp/dilcompile-harvest}"
 PART_TIMEOUT="${HARVEST_PART_TIMEOUT:-530}"
-NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen)
+NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen serving)
 
 usage() {
-  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..6 or all; see the header)" >&2
+  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..7 or all; see the header)" >&2
   exit 2
 }
 
@@ -40,9 +41,9 @@ OUT="$1"; shift
 PARTS=()
 for p in "${@:-all}"; do
   case "$p" in
-    all) PARTS+=(1 2 3 4 5 6) ;;
-    [1-6]) PARTS+=("$p") ;;
-    *) echo "gpu_harvest: unknown part '$p': give 1..6 or all" >&2; usage ;;
+    all) PARTS+=(1 2 3 4 5 6 7) ;;
+    [1-7]) PARTS+=("$p") ;;
+    *) echo "gpu_harvest: unknown part '$p': give 1..7 or all" >&2; usage ;;
   esac
 done
 
@@ -116,6 +117,10 @@ run_part() {
     6) step "$dir" "$PY" -m dilcompile maxlen --variant dilated --dtype bfloat16 --heads 8 --head-dim 64 \
          --segments 2048 4096 8192 16384 --rates 1 2 4 8 --start 1048576 --limit 67108864 \
          --granularity 1048576 --timeout 90 --repeats 2 --device cuda --db "$db" ;;
+    7) step "$dir" "$PY" scripts/bench_hf_serving.py --device cuda --contexts 1024 16384 131072 --batches 1 \
+         --rounds 3 --db "$db"
+       step "$dir" "$PY" scripts/bench_hf_serving.py --device cuda --model large --contexts 16384 --batches 1 4 \
+         --rounds 3 --db "$db" ;;
   esac
   [[ "$k" == 1 ]] || export_part "$db" "$dir" 2>&1 | tee -a "$dir/log.txt"
   log "part $k ($name) done in $((SECONDS - start)) s" | tee -a "$dir/log.txt"
@@ -141,7 +146,7 @@ install_wheels
 check_imports
 if [[ $REHEARSE -eq 1 ]]; then rehearse; exit 0; fi
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
-  echo "gpu_harvest: torch sees no CUDA device (parts 1..6 need one); on a CPU machine use --rehearse" >&2; exit 3; }
+  echo "gpu_harvest: torch sees no CUDA device (parts 1..7 need one); on a CPU machine use --rehearse" >&2; exit 3; }
 log "$("$PY" -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'CUDA', torch.version.cuda)")"
 for k in "${PARTS[@]}"; do run_part "$k"; done
 "$PY" "$REPO/scripts/gpu_harvest.py" check-out "$OUT" || true

@@ -49,7 +49,7 @@ def _tiny_wheel(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["out", "7"], "unknown part '7'"),
+    (["out", "8"], "unknown part '8'"),
     (["out", "fast"], "unknown part 'fast'"),
     ([], "usage:"),
     (["--rehearse"], "usage:"),

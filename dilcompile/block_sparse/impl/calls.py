@@ -64,8 +64,7 @@ class PlanOptions:
 
     def __post_init__(self):
         for name in ("min_band_rows", "min_sub_rows", "chunk_elements", "fold_elements", "call_query_tokens",
-                     "mask_cache_elements",
-                     "bool_mask_cache_elements"):
+                     "mask_cache_elements", "bool_mask_cache_elements"):
             check_positive_int(f"PlanOptions.{name}", getattr(self, name))
         for name in ("backward_split_saving", "token_saving"):
             value = getattr(self, name)
