@@ -5,7 +5,7 @@ included; the compiled decode step is one graph over every step.
 
 A static cache hands the attention its whole ``max_cache_len`` buffer with
 the queries in the middle and unwritten slots after them; the mask function
-describes the slots (``hf_sequences.slot_codes``). A decode step (one query
+describes the slots (``hf_sequences.slot_map``). A decode step (one query
 per row) gathers the keys it attends straight out of the cache
 (``hf_sequences.decode_step``); a prefill rotates the written slots to the
 end of the key axis (``hf_sequences.cache_order``), where the padded path
@@ -46,12 +46,18 @@ def _assert_same_generation(got, want, atol):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("seed", [7, 8])
-def test_static_cache_generate_equals_dynamic_cache(impl, seed):
-    """Real dilation / sparsity (segments shorter than the prompts), left padding, float64: equal to
-    rounding. Refused before ("keys do not end at the last query")."""
+@pytest.mark.parametrize("seed, holes", [(7, False), (8, False), (9, True)])
+def test_static_cache_generate_equals_dynamic_cache(impl, seed, holes):
+    """Real dilation / sparsity (segments shorter than the prompts), left padding — and with ``holes``
+    a pad inside each row too (padding is absence wherever it is) — float64: equal to rounding.
+    Refused before ("keys do not end at the last query")."""
     model = _llama(impl)
     ids, mask = _prompts(seed)
+    if holes:  # one of each row's real tokens, not its last, masked out
+        g = torch.Generator().manual_seed(seed)
+        for row in mask:
+            real = row.nonzero()[:-1, 0]
+            row[real[int(torch.randint(len(real), (), generator=g))]] = 0
     dynamic = model.generate(ids, attention_mask=mask, **GREEDY)
     static = model.generate(ids, attention_mask=mask, cache_implementation="static", **GREEDY)
     _assert_same_generation(static, dynamic, atol=1e-10)
@@ -103,7 +109,7 @@ def test_cache_order_puts_the_written_slots_last_in_order(seed):
     padding[:, q_offset:] = True  # new tokens are real
     as_tensor = bool(seed % 2)  # transformers keeps a static cache's written length as a tensor
     offset = torch.tensor(q_offset) if as_tensor else q_offset
-    codes = hf_sequences.slot_codes(padding, batch, offset, q_length, slots, "cpu")
+    codes = hf_sequences.slot_map(padding, batch, offset, q_length, slots, "cpu")
     keys = torch.arange(slots, dtype=torch.float64).expand(batch, 2, slots)[..., None]  # (B, H, S, 1): slot index
     k, v, pads = hf_sequences.cache_order(keys, keys + 0.5, codes)
     for b in range(batch):
@@ -114,30 +120,29 @@ def test_cache_order_puts_the_written_slots_last_in_order(seed):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_slot_codes_give_each_slot_its_kind_and_each_position_its_slot(seed):
+def test_slot_map_gives_each_slot_its_kind_and_each_position_its_slot(seed):
     """Random batch, cache size, written length and pads anywhere (the first slot, runs, none, all):
-    codes never decrease along a row (a binary search over them is exact); a slot is real exactly
-    where written and kept; a real slot's code // 2 is its position; ``slots_of`` finds the slot of
-    each row's i-th real token, and a position past a row's real tokens a slot in range."""
+    codes never decrease along a row; a slot is real exactly where written and kept; a real slot's
+    code // 2 is its position; the table holds the slot of each row's i-th real token, and a slot in
+    range past a row's real tokens."""
     g = torch.Generator().manual_seed(300 + seed)
     batch, slots = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(1, 70, (), generator=g))
     written = int(torch.randint(1, slots + 1, (), generator=g))
     padding = torch.rand(batch, written, generator=g) < torch.rand((), generator=g)
     offset = torch.tensor(written - 1) if seed % 2 else written - 1
-    codes = hf_sequences.slot_codes(padding, batch, offset, 1, slots, "cpu")
-    assert codes.dtype == hf_sequences.CODES_DTYPE and bool((codes[:, 1:] >= codes[:, :-1]).all())
+    slot_map = hf_sequences.slot_map(padding, batch, offset, 1, slots, "cpu")
+    assert hf_sequences.is_slot_map(slot_map) and slot_map.shape == (batch, 1, 2, slots)
+    codes, table = slot_map[:, 0, hf_sequences.CODES], slot_map[:, 0, hf_sequences.REAL_SLOTS]
+    assert bool((codes[:, 1:] >= codes[:, :-1]).all())
     real = torch.zeros(batch, slots, dtype=torch.bool)
     real[:, :written] = padding
     assert torch.equal(hf_sequences.is_real(codes), real)
     assert bool((codes[:, written:] == hf_sequences.EMPTY).all())
-    positions = torch.randint(0, slots + 3, (batch, 2, 9), generator=g)
-    got = hf_sequences.slots_of(codes, positions)
-    assert got.shape == positions.shape and bool(((got >= 0) & (got < slots)).all())
+    assert bool(((table >= 0) & (table < slots)).all())
     for b in range(batch):
         where = real[b].nonzero()[:, 0]
         assert torch.equal(codes[b, where] // 2, torch.arange(len(where), dtype=codes.dtype))
-        inside = positions[b] < len(where)
-        assert torch.equal(got[b][inside], where[positions[b][inside]]), b
+        assert torch.equal(table[b, : len(where)].long(), where), b
 
 
 def test_sliding_caches_and_masks_longer_than_the_cache_are_refused():
@@ -195,8 +200,9 @@ _GRAPHS = []  # recorded by _record: transformers deep-copies its compile config
 
 
 def _record(gm, example_inputs, **options):
-    """A torch.compile backend that keeps each graph's call targets and runs the graph as traced."""
-    _GRAPHS.append([node.target for node in gm.graph.nodes if node.op == "call_function"])
+    """A torch.compile backend that keeps each graph's call targets (functions, and methods by name) and
+    runs the graph as traced."""
+    _GRAPHS.append([node.target for node in gm.graph.nodes if node.op in ("call_function", "call_method")])
     return gm.forward
 
 
@@ -205,7 +211,7 @@ def _record(gm, example_inputs, **options):
 def test_compiled_decode_step_is_plain_tensor_ops(impl, padded):
     """The decode graph (padded rows, and one unpadded row: no per-row path) holds no custom op — gathers,
     products, a softmax Inductor can fuse, nothing a CUDA graph cannot capture — and reads the cache
-    with no rotation (no index_select over its slots)."""
+    with no rotation (no index_select over its slots) and no bookkeeping over them."""
     model = _small_llama(impl)
     ids, mask = _prompts(7) if padded else (_tokens(5, 9)[None], torch.ones(1, 9, dtype=torch.long))
     _GRAPHS.clear()
@@ -219,3 +225,6 @@ def test_compiled_decode_step_is_plain_tensor_ops(impl, padded):
     ops = [t for t in targets if isinstance(t, torch._ops.OpOverloadPacket | torch._ops.OpOverload)]
     assert not [t for t in ops if "dilcompile" in str(t)], ops
     assert torch.index_select not in targets and torch.Tensor.index_select not in targets
+    # The slot map comes in prepared (4-D: transformers builds it once a step, outside the graph): no
+    # running count or scatter over the cache's slots inside the decode step.
+    assert not {torch.cumsum, torch.scatter, "cumsum", "scatter", "scatter_"} & set(targets), targets

@@ -37,7 +37,7 @@ ValueError, what these cannot express exactly: masks other than causal /
 bidirectional (sliding windows, custom mask functions), and sliding-window
 caches. A static cache (``cache_implementation="static"``) hands the attention
 its whole buffer, queries in the middle: the mask function describes its
-slots (``hf_sequences.slot_codes``) and the attention rotates the written
+slots (``hf_sequences.slot_map``) and the attention rotates the written
 slots to the end of the key axis, one graph for every decode step.
 Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
@@ -188,7 +188,7 @@ def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
             raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens but the static cache holds "
                              f"{kv_length}; generate with a larger max_cache_len")
         padding = None if attention_mask is None else attention_mask.bool()
-        return hf_sequences.slot_codes(padding, batch_size, q_offset, q_length, kv_length, kwargs.get("device"))
+        return hf_sequences.slot_map(padding, batch_size, q_offset, q_length, kv_length, kwargs.get("device"))
     if attention_mask is None:
         return packed_ids
     attention_mask = attention_mask[:, -kv_length:].bool()
@@ -239,7 +239,7 @@ def _attend(attention, module, query, key, value, attention_mask, dropout, scali
     (keys_of, weights_of(position, keys, heads), divisor of the output)
     (``hf_sequences.decode_step``)."""
     causal = _keywords(module, kwargs)
-    static = attention_mask is not None and attention_mask.dtype == hf_sequences.CODES_DTYPE  # a static cache's slots
+    static = hf_sequences.is_slot_map(attention_mask)  # a static cache's slots
     if static and query.shape[2] == 1:
         q, _, _ = _inputs(query, key, value, None, dropout, repeat=False)
         q, scale = _constant_scale(q, scaling)
