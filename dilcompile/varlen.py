@@ -274,9 +274,20 @@ def forward_sequences(attend, q: Tensor, k: Tensor, v: Tensor, seqs: list[Sequen
     sequence alone. q (B, H, Nq, D), k, v (B, H, Nk, D) → out (B, H, Nq, D)
     and, with ``lse_dtype``, lse (B, H, Nq); positions outside every sequence
     (pads) get out 0, lse −inf."""
+    groups = list(_same_shape(seqs).values())
+    if len(groups) == 1:
+        rows = _every_row(q, [(s.row, s.q_rows) for s in groups[0]])
+        if rows is not None and len(range(q.shape[2])[rows]) == q.shape[2]:
+            # Every query in one call (rows of one length, keys padded: a static cache's prefill): its
+            # result is the output, not copied into a zeroed one (an output-sized buffer less).
+            at_k = [(s.row, s.k_rows) for s in groups[0]]
+            result = attend(q, _take(k, at_k), _take(v, at_k))
+            if lse_dtype is None:
+                return result.to(q.dtype).contiguous(), None
+            return result[0].to(q.dtype).contiguous(), result[1].to(lse_dtype).contiguous()
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = None if lse_dtype is None else torch.full(q.shape[:-1], float("-inf"), dtype=lse_dtype, device=q.device)
-    for group in _same_shape(seqs).values():
+    for group in groups:
         at_q, at_k = [(s.row, s.q_rows) for s in group], [(s.row, s.k_rows) for s in group]
         result = attend(_take(q, at_q), _take(k, at_k), _take(v, at_k))
         _put(out, at_q, result if lse is None else result[0])
