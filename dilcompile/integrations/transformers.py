@@ -37,8 +37,10 @@ ValueError, what these cannot express exactly: masks other than causal /
 bidirectional (sliding windows, custom mask functions), and sliding-window
 caches. A static cache (``cache_implementation="static"``) hands the attention
 its whole buffer, queries in the middle: the mask function describes its
-slots (``hf_sequences.slot_map``) and the attention rotates the written
-slots to the end of the key axis, one graph for every decode step.
+slots (``hf_sequences.slot_map``, 4-D so that generate builds it once a step
+as a prepared mask); a prefill rotates the written slots to the end of the
+key axis, a decode step reads the keys it attends in place, one graph for
+every decode step.
 Grouped-query attention repeats the key/value heads;
 ``scaling`` is the softmax scale; attention-probability dropout is refused
 (set the config's attention dropout to 0, or call ``model.eval()``). An
