@@ -87,8 +87,9 @@ def slot_map(padding: Tensor | None, batch: int, q_offset, q_length: int, kv_len
     if padding is not None:
         keep[:, : padding.shape[1]] = padding
     real = keep & written
-    count = real.to(SLOTS_DTYPE).cumsum(1, dtype=SLOTS_DTYPE)  # real tokens up to each slot
-    codes = torch.where(written, 2 * count - real.to(SLOTS_DTYPE), EMPTY)
+    ones = real.to(SLOTS_DTYPE)
+    count = ones.cumsum(1, dtype=SLOTS_DTYPE)  # real tokens up to each slot
+    codes = torch.where(written, 2 * count - ones, EMPTY)
     target = torch.where(real, count - 1, kv_length).long()  # a pad to a spare column, dropped below
     table = torch.zeros(batch, kv_length + 1, dtype=SLOTS_DTYPE, device=device)
     table = table.scatter(1, target, slots.to(SLOTS_DTYPE).expand(batch, kv_length))[:, :kv_length]
