@@ -140,3 +140,31 @@ def test_random_blocks_with_rows_that_have_no_band(n, density, seed, is_causal):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     for g, w in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def _strided(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """x (B, H, N, D) with the same values in another memory layout, as callers hand it over: a transposed
+    (B, N, H, D) projection, a slice of a longer (B, H, M, D) KV cache, or a key head broadcast (stride 0)."""
+    b, h, n, d = x.shape
+    if layout == "transposed":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "cache":
+        cache = torch.full((b, h, n + 7, d), float("nan"), dtype=x.dtype)
+        cache[:, :, :n] = x
+        return cache[:, :, :n]
+    return x[:, :1].expand(b, h, n, d)  # "broadcast": every head reads head 0
+
+
+@pytest.mark.parametrize("pattern, n, block_size, heads, is_causal, data_seed", _cases()[::2])
+def test_gather_reads_strided_inputs_in_place(pattern, n, block_size, heads, is_causal, data_seed):
+    """The forward reads q, k, v where they lie (rows of D contiguous: no whole copy of any of them) and
+    equals the float64 reference on them, whatever the strides: per-token reads where they are not
+    contiguous, whole blocks where they are."""
+    rng = random.Random(data_seed)
+    batch = rng.choice([1, 1, 2])
+    q, k, v = random_qkv(batch, heads, n, 4, seed=data_seed)
+    q, k, v = (_strided(x, rng.choice(["transposed", "cache", "broadcast"])) for x in (q, k, v))
+    got = block_sparse_attention(q, k, v, pattern, causal=is_causal, block_size=block_size, impl="gather")
+    want = block_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), pattern, causal=is_causal,
+                                  block_size=block_size, impl="reference")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

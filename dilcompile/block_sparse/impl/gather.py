@@ -100,10 +100,12 @@ def _query_rows(call: BlockCall | TokenCall) -> slice | _Picked:
 
 
 def _band_view(xb: Tensor, rows: int, kk: int, start: int, step: int) -> Tensor:
-    """xb (H, nb, bs, D) contiguous → (H, C, K·bs, D) view: row c is blocks
-    start + step·c .. + K−1, rows overlapping (row stride step·bs·D; no copy)."""
+    """xb (H, nb, bs, D) (rows readable in place: ``_in_place``) → (H, C, K·bs, D)
+    view: row c is blocks start + step·c .. + K−1, rows overlapping (no copy)."""
     h, nb, bs, d = xb.shape
-    return xb.as_strided((h, rows, kk * bs, d), (nb * bs * d, step * bs * d, d, 1), xb.storage_offset() + start * bs * d)
+    head, block = xb.stride()[:2]
+    token = block // bs if nb > 1 else xb.stride(2)  # a size-1 dim's stride is arbitrary (bs = 1)
+    return xb.as_strided((h, rows, kk * bs, d), (head, step * block, token, 1), xb.storage_offset() + start * block)
 
 
 def _one_run(x: Tensor, shared: bool) -> Tensor:
@@ -120,16 +122,39 @@ def _flat_rows(h: int, width: int, rows: Tensor) -> Tensor:
 
 
 def _take(x: Tensor, where: slice | _Picked) -> Tensor:
-    """x (H, Qb, bs, ...) contiguous → the call's queries (H, C, bs or Lq, ...):
-    a slice, or a copy."""
+    """x (H, Qb, bs, ...) contiguous, or q read in place (``_in_place``) → the
+    call's queries (H, C, bs or Lq, ...): a slice, or a copy."""
     h, qb, bs = x.shape[:3]
     if isinstance(where, slice):
         return x[:, where]
     if where.tokens:
-        picked = x.reshape(h * qb * bs, -1).index_select(0, _flat_rows(h, qb * bs, where.ids))
+        picked = _select(x.view(h, qb * bs, 1, *x.shape[3:]), _flat_rows(h, qb * bs, where.ids))
         return picked.view(h, *where.ids.shape[1:], *x.shape[3:])
-    picked = x.reshape(h * qb, -1).index_select(0, _flat_rows(h, qb, where.ids))
+    picked = _select(x, _flat_rows(h, qb, where.ids))
     return picked.view(h, where.ids.numel(), *x.shape[2:])
+
+
+def _in_place(x: Tensor) -> Tensor:
+    """x (B, H, N, D) as the forward reads it: itself where each row of D is
+    contiguous (a transposed projection, a slice of a KV cache: the calls read
+    rows out of it, so no whole copy of q, k or v exists), else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _select(x: Tensor, ids: Tensor) -> Tensor:
+    """x (H, n, u, ...) and ids of (head h, slot j) as h·n + j → (len(ids), u, ...),
+    one index_select: a memcpy per slot where x is contiguous; otherwise (rows of
+    D contiguous, ``_in_place``) a memcpy per token of the slots, out of a 2-D
+    view of x's memory whose rows start at a common divisor of its strides."""
+    h, n, u = x.shape[:3]
+    unit = math.gcd(*x.stride()[:3])
+    if x.is_contiguous() or unit == 0:
+        return x.contiguous().reshape(h * n, -1).index_select(0, ids).view(len(ids), *x.shape[2:])
+    d = x.shape[3]
+    head, slot, token, _ = x.stride()
+    rows = (((ids // n) * head + (ids % n) * slot)[:, None] + torch.arange(u, device=ids.device) * token) // unit
+    memory = x.as_strided((((h - 1) * head + (n - 1) * slot + (u - 1) * token) // unit + 1, d), (unit, 1))
+    return memory.index_select(0, rows.flatten()).view(len(ids), u, d)
 
 
 def _put(x: Tensor, where: slice | _Picked, value: Tensor, add: bool = False) -> None:
@@ -176,14 +201,14 @@ def _in_units(unit: int | None, *xs: Tensor) -> tuple[Tensor, ...]:
 
 
 def _gather(xb: Tensor, idx: Tensor) -> Tensor:
-    """xb (H, nb, bs, D) contiguous, idx (Hp, C, K) → (H, C, K·bs, D), one
-    index_select over dim 0 of the (H·nb, bs·D) view (a memcpy per block). The
-    kernel sees H as its batch and the C query blocks as its heads, so q, the
-    output and the mask are plain slices — no transposes."""
+    """xb (H, nb, bs, D), idx (Hp, C, K) → (H, C, K·bs, D), one index_select
+    (``_select``: a memcpy per block where xb is contiguous). The kernel sees H
+    as its batch and the C query blocks as its heads, so q, the output and the
+    mask are plain slices — no transposes."""
     h, nb, bs, d = xb.shape
     _, c, k = idx.shape
     flat = (torch.arange(h, device=xb.device)[:, None] * nb + idx.flatten(1)).flatten()
-    return xb.reshape(h * nb, bs * d).index_select(0, flat).view(h, c, k * bs, d)
+    return _select(xb, flat).view(h, c, k * bs, d)
 
 
 def _tiled(x: Tensor | None, rows: int) -> Tensor | None:
@@ -225,7 +250,7 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
         return nonfinite_forward(q, k, v, plan, scale, nonfinite, gather_forward)
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
-    qb, kb, vb = (_blocks(t.contiguous(), bs, nb) for t in (q, k, v))  # contiguous: band views
+    qb, kb, vb = (_blocks(_in_place(t), bs, nb) for t in (q, k, v))
     acc = accumulator_dtype(q.dtype)
     new = torch.empty if plan.writes_every_row else torch.zeros  # a fill is a pass over the output
     out = new(b, h, nb, bs, d, dtype=acc if plan.merges else q.dtype, device=q.device)
