@@ -115,12 +115,14 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-# One interpreter imports torch (not part of the package, and the slow part); each module is then
-# imported in its own forked child, so every child starts with no dilcompile module loaded. Two
-# children run at a time (the oldest is read and reaped first: none waits on another).
+# One interpreter imports torch and the package's root (the slow part); each module is then imported
+# in its own forked child. Loading the root first changes nothing a child sees: importing any
+# dilcompile.x runs dilcompile/__init__.py, in full, before x; what the root does not load, no child
+# finds loaded. Two children run at a time (the oldest is read and reaped first: none waits on another).
 _IMPORT_EACH_ALONE = """
 import importlib, importlib.util, json, os, sys, traceback
 import torch
+import dilcompile
 failures = {}
 
 
