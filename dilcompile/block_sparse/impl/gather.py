@@ -143,17 +143,23 @@ def _in_place(x: Tensor) -> Tensor:
 
 def _select(x: Tensor, ids: Tensor) -> Tensor:
     """x (H, n, u, ...) and ids of (head h, slot j) as h·n + j → (len(ids), u, ...),
-    one index_select: a memcpy per slot where x is contiguous; otherwise (rows of
-    D contiguous, ``_in_place``) a memcpy per token of the slots, out of a 2-D
-    view of x's memory whose rows start at a common divisor of its strides."""
+    one index_select out of a 2-D view of x's memory: a memcpy per slot where a
+    slot's tokens lie back to back (x contiguous, or a slice of a KV cache), else
+    (rows of D contiguous, ``_in_place``) a memcpy per token of the slots. The
+    view's rows start at a common divisor of x's strides and may overlap."""
     h, n, u = x.shape[:3]
     unit = math.gcd(*x.stride()[:3])
     if x.is_contiguous() or unit == 0:
         return x.contiguous().reshape(h * n, -1).index_select(0, ids).view(len(ids), *x.shape[2:])
     d = x.shape[3]
     head, slot, token, _ = x.stride()
-    rows = (((ids // n) * head + (ids % n) * slot)[:, None] + torch.arange(u, device=ids.device) * token) // unit
-    memory = x.as_strided((((h - 1) * head + (n - 1) * slot + (u - 1) * token) // unit + 1, d), (unit, 1))
+    starts = (ids // n) * head + (ids % n) * slot
+    end = (h - 1) * head + (n - 1) * slot + (u - 1) * token + d  # one past x's last element
+    if u == 1 or token == d:  # a slot's tokens lie back to back (a KV-cache slice): a memcpy per slot
+        memory = x.as_strided(((end - u * d) // unit + 1, u * d), (unit, 1))
+        return memory.index_select(0, starts // unit).view(len(ids), u, d)
+    rows = (starts[:, None] + torch.arange(u, device=ids.device) * token) // unit
+    memory = x.as_strided(((end - d) // unit + 1, d), (unit, 1))
     return memory.index_select(0, rows.flatten()).view(len(ids), u, d)
 
 
