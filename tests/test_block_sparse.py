@@ -595,3 +595,30 @@ def test_cuda_flex_and_gather_forward_and_backward_within_twice_plain_error(name
     plain = (torch.softmax(s, -1) @ plain_in[2]) * has_key
     assert out.dtype == dtype
     assert_forward_and_gradients_within_budget(out, plain, ref, low, plain_in, [q64, k64, v64])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_pattern_that_covers_every_pair_runs_as_dense_attention(seed):
+    """A window as long as the prompt (short prompts served with a long window) attends every pair, or every
+    causal one: the plan says so (``GatherPlan.covers``) and the forward is one dense kernel call, equal to
+    the float64 reference with gradients; one key short of covering, it is not."""
+    import random
+
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
+    from dilcompile.patterns import causal as causal_of
+
+    rng = random.Random(seed)
+    n, h, block = rng.randint(1, 300), rng.randint(1, 3), rng.choice([1, 7, 16, 64, 128])
+    is_causal = rng.random() < 0.5
+    covering = [local_window(n - 1 + rng.randint(0, 50)), global_local(n - 1 + rng.randint(0, 9), rng.randint(0, n)),
+                union(local_window(rng.randint(0, n)), local_window(n + 5))]
+    for pattern in covering:
+        bound = (causal_of(pattern) if is_causal else pattern).with_heads(h)
+        plan = make_plan(bound, h, n, block, torch.device("cpu"), PlanOptions())
+        assert plan.covers == ("causal" if is_causal else "all"), (pattern, n, block)
+        q, k, v = random_qkv(1, h, n, 8, requires_grad=True, seed=seed)
+        out = block_sparse_attention(q, k, v, pattern, causal=is_causal, block_size=block, impl="gather")
+        _assert_matches_with_grads(out, _sdpa_masked(q, k, v, pattern, is_causal), q, k, v)
+    if n > 2:  # a window two keys short leaves pairs out
+        short = (causal_of(local_window(n - 3)) if is_causal else local_window(n - 3)).with_heads(h)
+        assert make_plan(short, h, n, block, torch.device("cpu"), PlanOptions()).covers is None

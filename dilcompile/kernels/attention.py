@@ -200,6 +200,13 @@ def _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask):
     return softmax_attention_backward(grad_out, q, k, v, out, lse, scale, _keep(q, causal, key_mask))
 
 
+def dense_attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """out (B, H, N, D) and lse (B, H, N) of plain (causal: key ≤ query) attention
+    over N queries and N keys, ATen's CPU flash attention (CPU only)."""
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
+    return out, lse
+
+
 def bias_attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                            scale: float) -> tuple[Tensor, Tensor]:
     """out (B, H, Lq, D) and lse (B, H, Lq) with the additive ``bias``

@@ -159,6 +159,9 @@ class GatherPlan:
     backward_calls: list
     options: PlanOptions = field(default_factory=PlanOptions)
     masks: dict = field(default_factory=dict)  # (call, dtype) → (additive mask, nonempty rows)
+    # "all" where the pattern attends every (query, key) pair of the N tokens, "causal" every pair
+    # with key ≤ query (a window as long as the prompt): the forward is then one dense kernel call.
+    covers: str | None = None
 
     @property
     def merges(self) -> bool:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ...kernels.attention import bias_attention_backward, bias_attention_forward
+from ...kernels.attention import bias_attention_backward, bias_attention_forward, dense_attention_forward
 from ...kernels.masked import masked_matmul
 from ...numerics import accumulator_dtype, merge_into
 from .calls import BandCall, BlockCall, Call, GatherPlan, TokenCall, score_elements
@@ -254,6 +254,9 @@ def gather_forward(q: Tensor, k: Tensor, v: Tensor, plan: GatherPlan, scale: flo
     nonfinite = find_nonfinite(q, k, v, plan)
     if nonfinite is not None:
         return nonfinite_forward(q, k, v, plan, scale, nonfinite, gather_forward)
+    if plan.covers is not None and q.device.type == "cpu":  # every pair, or every causal one: dense attention
+        out, lse = dense_attention_forward(_in_place(q), _in_place(k), _in_place(v), plan.covers == "causal", scale)
+        return out.to(q.dtype).contiguous(), lse.contiguous()
     b, h, n, d = q.shape
     bs, nb = plan.block_size, plan.num_blocks
     qb, kb, vb = (_blocks(_in_place(t), bs, nb) for t in (q, k, v))

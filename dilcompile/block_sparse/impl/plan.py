@@ -108,7 +108,32 @@ def make_plan(pattern, num_heads: int, n: int, block_size: int, device,
         forward += [chunk for p in parts for chunk in _row_chunks(p, block_size, options.call_query_tokens)]
         saved = 1 - sum(_band_pairs(p) for p in parts) / _band_pairs(c)
         backward += parts if saved >= options.backward_split_saving else [c]
-    return GatherPlan(n, block_size, nb, pattern, forward, backward, options)
+    covers = _covers(pattern, n, block_size, lists)
+    return GatherPlan(n, block_size, nb, pattern, forward, backward, options, covers=covers)
+
+
+def _covers(pattern, n: int, bs: int, lists) -> str | None:
+    """"all" where every (query, key) pair of the N tokens is allowed, "causal"
+    where exactly those with key ≤ query are, else None (``GatherPlan.covers``):
+    from the block lists (every block full, or every block left of the
+    diagonal full and none right of it), then the diagonal blocks' pairs."""
+    num, full = lists.num.long(), lists.full_num.long()
+    hp, nb = num.shape
+    if bool((full == nb).all()):
+        return "all"
+    rows = torch.arange(nb, device=num.device)
+    if not bool((num == rows + 1).all()):
+        return None
+    fidx = lists.full_indices.long()
+    listed = torch.arange(fidx.shape[-1], device=num.device) < full[..., None]
+    if not bool((((fidx < rows[:, None]) & listed).sum(-1) == rows).all()):
+        return None
+    off = torch.arange(bs, device=num.device)
+    q = (rows * bs)[:, None, None] + off[:, None]  # (nb, bs, 1)
+    k = (rows * bs)[:, None, None] + off  # (nb, 1, bs)
+    heads = torch.arange(hp, device=num.device)[:, None, None, None]
+    allowed = pattern.mask_mod(torch.zeros((), dtype=torch.long, device=num.device), heads, q, k)
+    return "causal" if bool(((allowed == (k <= q)) | (q >= n) | (k >= n)).all()) else None
 
 
 def _row_chunks(call: Call, block_size: int, query_tokens: int) -> list[Call]:
