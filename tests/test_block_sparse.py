@@ -622,3 +622,16 @@ def test_a_pattern_that_covers_every_pair_runs_as_dense_attention(seed):
     if n > 2:  # a window two keys short leaves pairs out
         short = (causal_of(local_window(n - 3)) if is_causal else local_window(n - 3)).with_heads(h)
         assert make_plan(short, h, n, block, torch.device("cpu"), PlanOptions()).covers is None
+
+
+def test_covers_checks_the_diagonal_in_pieces_at_long_lengths():
+    """Past 256 diagonal blocks of 128 the causal check runs in pieces (bounded memory at any N), each piece
+    checked; a window two keys short of the prompt leaves out pairs of the last block row."""
+    from dilcompile.block_sparse.impl.plan import PlanOptions, make_plan
+    from dilcompile.patterns import causal as causal_of
+
+    n = 128 * 300 + 5
+    plan = make_plan(causal_of(local_window(n)).with_heads(1), 1, n, 128, torch.device("cpu"), PlanOptions())
+    assert plan.covers == "causal"
+    short = causal_of(local_window(n - 3))
+    assert make_plan(short.with_heads(1), 1, n, 128, torch.device("cpu"), PlanOptions()).covers is None
