@@ -109,8 +109,10 @@ def pick_dense_backend(sizes: dict, args) -> str | None:
         return None
     doc = sweep_doc(sizes, False, args.repeats, args.max_time, args.dtype, args.passes, dense=names, dense_only=True)
     rows = run_sweep(from_dict(doc, args.device, tag="dense-backends"), args.db, kind="bench", progress=False)
-    totals = {name: sum(r["latency_ms"] if r["status"] == "ok" else float("inf") for r in rows if r["impl"] == name)
-              for name in names}
+    # A failed point (an OOM row names no backend) leaves its backend short of points: it cannot win.
+    timed = {name: [r["latency_ms"] for r in rows if r.get("impl") == name and r["status"] == "ok"] for name in names}
+    points = max(map(len, timed.values()))
+    totals = {name: sum(ms) if len(ms) == points else float("inf") for name, ms in timed.items()}
     best = fastest_backend(totals)
     print(f"dense baseline: {best} (fastest of " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in totals.items()) + ")",
           file=sys.stderr)
