@@ -17,6 +17,8 @@ from dilcompile.models import LongNetConfig, LongNetDecoder
 from dilcompile.patterns import local_window
 from dilcompile.tracing import tracing
 
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
 
 @pytest.fixture
 def compile_held_open():
@@ -49,7 +51,9 @@ def compile_held_open():
     entered.wait()
     try:
         assert worker.is_alive(), f"the compile ended before its trace reached hold(): {result}"
-        assert torch.compiler.is_compiling()  # the process-wide flag the eager calls below used to read
+        # The process-wide flag the eager calls below used to read: torch 2.13 holds it through the
+        # whole compile; 2.11 sets it only while the compiled graph runs.
+        assert torch.compiler.is_compiling() or _TORCH < (2, 13)
         yield
     finally:
         release.set()
