@@ -160,9 +160,11 @@ def test_oom_and_errors_become_rows_and_the_sweep_goes_on(tmp_path, monkeypatch,
     rc = main(["profile", "--variant", "flaky", "--seq-len", "16", "--seq-len", "24", "--seq-len", "32",
                "--heads", "2", "--head-dim", "8", "--max-time", "0.02", "--no-progress", "--db", db])
     assert rc == 0
-    _, rows = store.query(db, "SELECT seq_len, status, error FROM runs ORDER BY seq_len")
-    assert [(n, s) for n, s, _ in rows] == [(16, "oom"), (24, "error"), (32, "ok")]
+    _, rows = store.query(db, "SELECT seq_len, status, error, impl FROM runs ORDER BY seq_len")
+    assert [(n, s) for n, s, _, _ in rows] == [(16, "oom"), (24, "error"), (32, "ok")]
     assert rows[1][2] == "RuntimeError: kernel exploded"
+    # a failed row still says which implementation was asked for (an H200 sweep's failures named none)
+    assert [impl for *_, impl in rows][:2] == ["auto", "auto"]
     assert "2 of 3 points did not run" in capsys.readouterr().err
 
 

@@ -186,7 +186,9 @@ def test_full_blocks_without_masks_equal_the_masked_walk(seed):
     # building a mask, the rest with it — a tuning candidate, off until timed faster
     # (work.KernelConfig.full_blocks), switched on here per call (kernel_options) at a random tile and
     # walk. On random configurations (causal diagonals, short last segments, packed documents): equal
-    # to the masked walk bitwise (the same arithmetic where every key counts) and to the float64 reference.
+    # to the masked walk and to the float64 reference. Bitwise in the interpreter (the same arithmetic
+    # where every key counts); on the GPU to fp32 rounding: without the mask's select between them, the
+    # compiler fuses the score scaling and the max subtraction into one FMA (H200: last-bit differences).
     from dilcompile.dilated.work import KernelConfig
 
     n, heads, segments, rates, causal, mode, _, batch, dim = _random_case(100 + seed)
@@ -207,7 +209,10 @@ def test_full_blocks_without_masks_equal_the_masked_walk(seed):
 
     unmasked, masked = run(True), run(False)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), unmasked, masked):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
+        if DEVICE == "cpu":
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
+        else:
+            torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
     ref = _reference(q, k, v, mode, segments, dilation_rates=rates, causal=causal, cu_seqlens=cu)
     torch.testing.assert_close(unmasked[0].double(), ref, rtol=1e-5, atol=1e-5)
 

@@ -151,7 +151,8 @@ def measure_safely(profiler: Profiler, point: Point) -> tuple[dict, list[dict]]:
         return row, samples
     except Exception as exc:
         status = "oom" if is_oom(exc) else "error"
-        row = {"status": status, "error": _one_line(exc)}
+        # The implementation asked for: "auto" stays "auto" (what it would have resolved to is unknown).
+        row = {"status": status, "error": _one_line(exc), "impl": point.impl}
         if point.segments:  # the config a failed build could not report
             row["config"] = json.dumps({"rates": list(point.rates), "segments": list(point.segments)})
         return row, []
