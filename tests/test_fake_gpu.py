@@ -75,6 +75,12 @@ def test_multihead_dilated_sdpa_compiles_for_sm90(fake_gpu_cases):
     assert _compile(fake_gpu_cases, "multihead-sdpa")  # Inductor's fused projections and layer norm
 
 
+def test_longnet_on_the_sdpa_path_compiles_with_every_size_symbolic(fake_gpu_cases):
+    # the benchmark's compile (dynamic=True): the head dim is a symbol, and testing its membership of
+    # a range() failed in Dynamo (AsPythonConstantNotImplementedError) at every N on an H200
+    assert _compile(fake_gpu_cases, "sdpa-longnet-dynamic")
+
+
 def test_dilated_triton_backward_kernels_compile_for_sm90(fake_gpu_cases):
     names = {name for name, _, _ in _compile(fake_gpu_cases, "triton-backward")}
     assert {"_dq_kernel", "_dkdv_kernel"} <= names

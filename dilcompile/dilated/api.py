@@ -45,7 +45,7 @@ def choose_impl(q: Tensor, impl: str, needs_grad: bool | None = None) -> str:
         check_triton_input(q)
         return impl
     backend_for(q.device, q.dtype, q.shape[-1])  # raises with the reason if no kernel serves q
-    if q.device.type == "cuda" and HAS_TRITON:
+    if impl == "auto" and q.device.type == "cuda" and HAS_TRITON:  # an explicit "sdpa" is kept
         if needs_grad is None:
             needs_grad = torch.is_grad_enabled() and q.requires_grad
         props = torch.cuda.get_device_properties(q.device)

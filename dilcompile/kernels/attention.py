@@ -31,9 +31,6 @@ from ..numerics import finite_or_zero, softmax_attention_backward, softmax_atten
 
 aten = torch.ops.aten
 
-# CUDA flash attention serves half precision with these head dims.
-_FLASH_HEAD_DIMS = range(8, 257, 8)
-
 
 def backend_for(device: torch.device, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
     """Name of the kernel that serves this input: 'cpu_flash', 'cuda_flash',
@@ -44,7 +41,10 @@ def backend_for(device: torch.device, dtype: torch.dtype, head_dim: int, masked:
     if device.type == "cuda":
         if masked:
             return "math"
-        if dtype in (torch.float16, torch.bfloat16) and head_dim in _FLASH_HEAD_DIMS:
+        # CUDA flash attention serves half precision at head dims 8, 16, …, 256. Compared, not looked up
+        # in a range: under torch.compile(dynamic=True) the head dim is symbolic, and Dynamo cannot
+        # test a symbol's membership of a range (every compiled impl="sdpa" call on CUDA failed).
+        if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and 8 <= head_dim <= 256:
             return "cuda_flash"
         if dtype == torch.float32 and head_dim % 4 == 0:
             return "cuda_efficient"

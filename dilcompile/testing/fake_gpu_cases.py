@@ -87,6 +87,17 @@ def _triton_longnet(dynamic: bool):
         q, k, v, dynamic=dynamic or None)
 
 
+def _sdpa_longnet_dynamic():
+    """The LongNet configuration on the sdpa path, all sizes symbolic (the benchmark's compile): a loss
+    after it, so Inductor has kernels of its own to build around the op."""
+    from dilcompile import dilated_attention
+
+    q, k, v = (_cuda(1, 16, 65536, 128) for _ in range(3))
+    return compile_for_sm90(lambda q, k, v: dilated_attention(
+        q, k, v, segment_lengths=(2048, 4096, 8192, 16384, 32768), dilation_rates=(1, 2, 4, 8, 16),
+        impl="sdpa").float().square().mean(), q, k, v, dynamic=True)
+
+
 def _triton_packed(training: bool):
     """Packed sequences: the segment table built on the device."""
     from dilcompile import dilated_attention
@@ -186,6 +197,7 @@ CASES = {
     "triton-outputs": lambda: _now(_triton_outputs),
     "triton-longnet": lambda: _now(_triton_longnet, False),
     "triton-longnet-dynamic": lambda: _now(_triton_longnet, True),
+    "sdpa-longnet-dynamic": lambda: _now(_sdpa_longnet_dynamic),
     "triton-packed": lambda: _now(_triton_packed, False),
     "block-sparse-64": lambda: _block_sparse(64, False),
     "block-sparse-128": lambda: _block_sparse(128, False),
