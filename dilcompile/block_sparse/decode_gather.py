@@ -18,20 +18,25 @@ import torch
 from torch import Tensor
 
 from ..patterns import Pattern
+from ..patterns.spec import from_template
 from ..patterns import causal as causal_of
 
 
 @functools.lru_cache(maxsize=64)
-def _block_bound(pattern: Pattern, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
+def _block_bound(structure: str, numbers: tuple, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
+    pattern = from_template(structure, numbers)
     bound = (causal_of(pattern) if causal else pattern).with_heads(num_heads)
     return max(1, int(bound.block_lists(num_heads, slots, block_size).num.max()))
 
 
-def block_bound(pattern: Pattern, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
-    """Most key blocks ``pattern`` (causal or not, bound to ``num_heads``)
-    lists for a query block of a sequence of ``slots`` tokens (built once
-    per cache size)."""
-    return _block_bound(pattern, causal, num_heads, slots, block_size)
+def block_bound(structure: str, numbers: tuple, causal: bool, num_heads: int, slots: int, block_size: int) -> int:
+    """Most key blocks the pattern ``from_template(structure, numbers)``
+    (causal or not, bound to ``num_heads``) lists for a query block of a
+    sequence of ``slots`` tokens (built once per cache size). Takes the
+    pattern as its template, plain strings and numbers: Dynamo hands a
+    constant-marked function's arguments over as Python constants, which
+    torch 2.11 cannot make of a frozen dataclass (the pattern)."""
+    return _block_bound(structure, numbers, causal, num_heads, slots, block_size)
 
 
 # Dynamo calls it while tracing and takes the result as a constant (what torch._dynamo.assume_constant_result
@@ -50,7 +55,7 @@ def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, 
                          f"alone cannot give the full call's rows ({pattern!r})")
     device = position.device
     blocks = -(-slots // block_size)
-    bound = block_bound(pattern, causal, num_heads, slots, block_size)
+    bound = block_bound(pattern._structure, pattern._number_values, causal, num_heads, slots, block_size)
     pattern = pattern.with_heads(num_heads)
     p = position[:, None, None]  # (B, 1, 1)
     zero = torch.zeros((), dtype=torch.int64, device=device)

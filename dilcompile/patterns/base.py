@@ -60,12 +60,15 @@ class Pattern:
     def _finish(self) -> None:
         """Record the op arguments once, at construction: the structure string
         and the numbers as a tensor. Compiled code reads these attributes only,
-        so Dynamo guards on the structure and feeds the numbers as an input."""
+        so Dynamo guards on the structure and feeds the numbers as an input.
+        The numbers also as a tuple, for what must be a constant of the graph
+        (decode's block bound)."""
         if tracing():  # built inside a trace (e.g. a bound copy): no op arguments needed
             return
         structure, numbers = template(self)
         object.__setattr__(self, "_structure", structure)
         object.__setattr__(self, "_numbers", torch.tensor(numbers, dtype=torch.float64))
+        object.__setattr__(self, "_number_values", tuple(numbers))
 
     def mask_mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         raise NotImplementedError
