@@ -14,7 +14,7 @@ import os
 
 import torch
 from torch import Tensor
-from torch.library import wrap_triton
+from torch.library import wrap_triton as _wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 from ..geometry import group_bounds, longnet_offset
@@ -30,6 +30,13 @@ def interpreting() -> bool:
     it decorates the kernels, so TRITON_INTERPRET=1 must be set before triton
     is first imported (tests/conftest.py does so on machines without CUDA)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def wrap_triton(kernel):
+    """``torch.library.wrap_triton(kernel)``, or the kernel itself under the
+    interpreter: there ``@triton.jit`` makes an interpreted function, which
+    torch 2.13's ``wrap_triton`` hands back unchanged and torch 2.11's refuses."""
+    return kernel if interpreting() else _wrap_triton(kernel)
 
 
 def check_triton_input(q: Tensor) -> None:
