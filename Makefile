@@ -3,6 +3,7 @@
 #                printed as a table, then the dashboard on http://127.0.0.1:8501
 #   make test  — the full test suite (JOBS pytest-xdist workers), then the Hugging Face tests
 #                under the other end of the supported transformers range (tests/hf_versions.py)
+#                and the compiling tests under the oldest supported torch (tests/torch_versions.py)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -34,6 +35,7 @@ run: setup
 test: setup browser
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 	$(BIN)/python tests/hf_versions.py
+	$(BIN)/python tests/torch_versions.py -n $(JOBS)
 
 # The dashboard's browser test drives Debian's chromium through Playwright
 # (Playwright's own browser downloads are not used). Installed when missing and root.
@@ -48,4 +50,4 @@ browser:
 	  fi; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-torch* build *.egg-info

@@ -1,0 +1,73 @@
+"""The oldest supported torch (docs/design.md: 2.11 through 2.13): a step of
+``make test`` after the main suite, ``python tests/torch_versions.py``.
+
+The suite runs on the installed torch (2.13 on the development machines);
+the GPU machines run 2.11, where Dynamo behaves differently in ways that
+only a trace shows: ``torch.compiler.is_compiling()`` reads False while
+Dynamo calls Python at trace time, a constant-marked function's arguments
+must be Python constants (a frozen dataclass is not), and ``wrap_triton``
+refuses an interpreted kernel. Each broke compiled calls on an H200 and
+passed every test here. This builds a virtualenv with torch 2.11 beside
+the main one (once: later runs reuse it) and runs the tests that compile,
+trace or launch the Triton kernels under it, in a nested pytest.
+
+Prints one line saying which torch ran and how it went; exits non-zero on
+any failure (``make test`` fails with it). Extra arguments go to pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OLDEST = "2.11.0"
+VENV = ROOT / f".venv-torch{OLDEST}"
+# What the selected tests import, at the main virtualenv's versions (torch brings triton).
+PACKAGES = ("numpy", "pytest", "pytest-timeout", "pytest-xdist", "transformers", "tqdm", "duckdb")
+# Files of the dashboard, the store, the benchmarks and the packaging trace nothing; the fake-GPU
+# and ahead-of-time compiles need a CPU-only build (PyPI's 2.11 is a CUDA build).
+SKIP_FILES = ("test_bench_", "test_cli_", "test_store", "test_package", "test_docs_snippets", "test_fake_gpu",
+              "test_gpu_", "test_hf_pretrained", "test_profile", "test_telemetry")
+# Every test that compiles, traces (opcheck), runs beside a compile (threads) or serves from a static
+# cache (the compiled Triton tests launch the kernels too).
+SELECT = "compile or opcheck or thread or static_cache"
+
+
+def python() -> Path:
+    """The 2.11 virtualenv's interpreter, built on first use."""
+    exe = VENV / "bin" / "python"
+    stamp = VENV / ".installed"
+    if not stamp.exists():
+        print(f"torch-versions: installing torch {OLDEST} into {VENV} (a CUDA build: a few GB, once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        pinned = [f"{name}=={metadata.version(name)}" for name in PACKAGES]
+        subprocess.run([str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        f"torch=={OLDEST}", *pinned], check=True)
+        stamp.touch()
+    return exe
+
+
+def main(argv: list[str]) -> int:
+    exe = python()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)
+    seen = subprocess.run([str(exe), "-c", "import torch; print(torch.__version__)"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    if not seen.startswith(OLDEST):
+        print(f"torch-versions: FAILED: asked for torch {OLDEST}, the nested run imports {seen}")
+        return 1
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if not p.name.startswith(SKIP_FILES))
+    print(f"torch-versions: the compiling tests under torch {seen}, the oldest supported", flush=True)
+    run = subprocess.run([str(exe), "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k", SELECT, *argv],
+                         cwd=ROOT, env=env)
+    print(f"torch-versions: {'passed' if run.returncode == 0 else f'FAILED (pytest exit status {run.returncode})'} "
+          f"under torch {seen}", flush=True)
+    return run.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
