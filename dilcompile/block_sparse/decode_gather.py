@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ..patterns import Pattern
-from ..patterns.spec import from_template
 from ..patterns import causal as causal_of
+from ..patterns.spec import from_template
 
 
 @functools.lru_cache(maxsize=64)
