@@ -202,7 +202,8 @@ def _math_backward(grad_out, q, k, v, out, lse, causal, scale, key_mask):
 
 def dense_attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D) and lse (B, H, N) of plain (causal: key ≤ query) attention
-    over N queries and N keys, ATen's CPU flash attention (CPU only)."""
+    over N queries and N keys, ATen's CPU flash attention (CPU only). ``attention_forward``
+    without its non-finite row pass: for callers that have already found the inputs finite."""
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
     return out, lse
 
