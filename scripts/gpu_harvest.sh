@@ -2,7 +2,7 @@
 # One command for a GPU machine: correctness on CUDA, then the measurements,
 # each part leaving a log and a Parquet export in OUT_DIR (docs/gpu.md).
 #
-#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..7, default all
+#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..8, default all
 #   scripts/gpu_harvest.sh --rehearse OUT_DIR [PART ...]   anywhere: every step that needs no GPU
 #
 # Parts (estimated H100 minutes in docs/gpu.md; each is cut at HARVEST_PART_TIMEOUT seconds):
@@ -13,6 +13,7 @@
 #   5 std-fp32    the standard sweep's fp32 rows with NVML telemetry
 #   6 maxlen      dilcompile maxlen: longest forward N, H=8, D=64, bf16
 #   7 serving     bench_hf_serving: compiled static-cache decode (CUDA graphs), bf16, both models
+#   8 tune        tune_triton: the kernels' tile / walk / warps / stages candidates at head dim 128, interleaved
 # Each part: DuckDB in $HARVEST_TMP, export (sweeps/measurements/telemetry.parquet) and log.txt in
 # OUT_DIR/p<k>-<name>/ — at most 4 files a part, so any two parts fit the 8 files a call brings back.
 #
@@ -27,10 +28,10 @@ WHEELS="${HARVEST_WHEELS:-$REPO/.whl}"
 SITE="${HARVEST_SITE:-/tmp/site}"
 TMP="${HARVEST_TMP:-/tmp/dilcompile-harvest}"
 PART_TIMEOUT="${HARVEST_PART_TIMEOUT:-530}"
-NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen serving)
+NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen serving tune)
 
 usage() {
-  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..7 or all; see the header)" >&2
+  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..8 or all; see the header)" >&2
   exit 2
 }
 
@@ -41,9 +42,9 @@ OUT="$1"; shift
 PARTS=()
 for p in "${@:-all}"; do
   case "$p" in
-    all) PARTS+=(1 2 3 4 5 6 7) ;;
-    [1-7]) PARTS+=("$p") ;;
-    *) echo "gpu_harvest: unknown part '$p': give 1..7 or all" >&2; usage ;;
+    all) PARTS+=(1 2 3 4 5 6 7 8) ;;
+    [1-8]) PARTS+=("$p") ;;
+    *) echo "gpu_harvest: unknown part '$p': give 1..8 or all" >&2; usage ;;
   esac
 done
 
@@ -121,6 +122,7 @@ run_part() {
          --rounds 3 --db "$db"
        step "$dir" "$PY" scripts/bench_hf_serving.py --device cuda --model large --contexts 16384 --batches 1 4 \
          --rounds 3 --db "$db" ;;
+    8) step "$dir" "$PY" scripts/tune_triton.py --dims 128 --prewarm 8 --db "$db" ;;
   esac
   [[ "$k" == 1 ]] || export_part "$db" "$dir" 2>&1 | tee -a "$dir/log.txt"
   log "part $k ($name) done in $((SECONDS - start)) s" | tee -a "$dir/log.txt"
@@ -146,7 +148,7 @@ install_wheels
 check_imports
 if [[ $REHEARSE -eq 1 ]]; then rehearse; exit 0; fi
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
-  echo "gpu_harvest: torch sees no CUDA device (parts 1..7 need one); on a CPU machine use --rehearse" >&2; exit 3; }
+  echo "gpu_harvest: torch sees no CUDA device (parts 1..8 need one); on a CPU machine use --rehearse" >&2; exit 3; }
 log "$("$PY" -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'CUDA', torch.version.cuda)")"
 for k in "${PARTS[@]}"; do run_part "$k"; done
 "$PY" "$REPO/scripts/gpu_harvest.py" check-out "$OUT" || true

@@ -49,7 +49,7 @@ def _tiny_wheel(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["out", "8"], "unknown part '8'"),
+    (["out", "9"], "unknown part '9'"),
     (["out", "fast"], "unknown part 'fast'"),
     ([], "usage:"),
     (["--rehearse"], "usage:"),
