@@ -18,6 +18,8 @@ N = 16K..128K, dilated at N = 16K..1M. ``--impls sdpa triton`` times each
 implementation, ``--passes fwd fwd_bwd`` both passes, and ``--dense-backends
 best`` times every SDPA backend the device serves (flash, cuDNN,
 memory-efficient, math), then takes η against the fastest and names it.
+``--causal``: both dense and dilated causal (η against causal dense, each
+counting its own pairs).
 """
 
 from __future__ import annotations
@@ -67,10 +69,11 @@ def fastest_backend(timings: dict[str, float]) -> str:
 
 
 def sweep_doc(sizes: dict, compile_: bool, repeats: int, max_time_s: float, dtype: str,
-              passes=("fwd",), impls=("sdpa",), dense: tuple[str, ...] = ("auto",), dense_only: bool = False) -> dict:
+              passes=("fwd",), impls=("sdpa",), dense: tuple[str, ...] = ("auto",), dense_only: bool = False,
+              causal: bool = False) -> dict:
     """Dense SDPA (each backend of ``dense``) at the dense lengths; dilated (each impl) over the N sweep."""
     defaults = {"batch": 1, "heads": sizes["heads"], "head_dim": sizes["head_dim"], "dtype": dtype,
-                "pass": list(passes), "segments": sizes["segments"], "rates": sizes["rates"]}
+                "pass": list(passes), "segments": sizes["segments"], "rates": sizes["rates"], "causal": causal}
     grid = [{"variant": "sdpa", "impl": list(dense), "seq_len": sizes.get("dense", sizes["eta_n"])}]
     if not dense_only:
         grid.append({"variant": "dilated", "impl": list(impls), "seq_len": sorted({sizes["eta_n"], *sizes["sweep"]}),
@@ -107,7 +110,8 @@ def pick_dense_backend(sizes: dict, args) -> str | None:
         print(f"{PROG}: error: no SDPA backend serves {args.dtype} head_dim={sizes['head_dim']} on {args.device}",
               file=sys.stderr)
         return None
-    doc = sweep_doc(sizes, False, args.repeats, args.max_time, args.dtype, args.passes, dense=names, dense_only=True)
+    doc = sweep_doc(sizes, False, args.repeats, args.max_time, args.dtype, args.passes, dense=names, dense_only=True,
+                    causal=args.causal)
     rows = run_sweep(from_dict(doc, args.device, tag="dense-backends"), args.db, kind="bench", progress=False)
     # A failed point (an OOM row names no backend) leaves its backend short of points: it cannot win.
     timed = {name: [r["latency_ms"] for r in rows if r.get("impl") == name and r["status"] == "ok"] for name in names}
@@ -121,7 +125,7 @@ def pick_dense_backend(sizes: dict, args) -> str | None:
 
 def main(argv=None) -> int:
     p = parser(PROG, __doc__, quick=False, device="auto", dtype="float32", repeats=10, max_time=3.0,
-               passes=["fwd"], impls=["sdpa"], tag=None, db=DEFAULT_DB)
+               passes=["fwd"], impls=["sdpa"], causal=False, tag=None, db=DEFAULT_DB)
     p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument("--preset", choices=list(PRESETS), default="full", help="sizes (--quick = --preset quick)")
     p.add_argument("--dense-backends", choices=["default", "best"], default="default",
@@ -129,7 +133,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sizes = QUICK if args.quick else PRESETS[args.preset]
-    doc = sweep_doc(sizes, not args.no_compile, args.repeats, args.max_time, args.dtype, args.passes, args.impls)
+    doc = sweep_doc(sizes, not args.no_compile, args.repeats, args.max_time, args.dtype, args.passes, args.impls,
+                    causal=args.causal)
     try:
         spec = from_dict(doc, args.device, tag=args.tag or ("quick" if args.quick else None))  # checked before the store
         dense_name = pick_dense_backend(sizes, args) if args.dense_backends == "best" else None
@@ -139,7 +144,8 @@ def main(argv=None) -> int:
             doc["grid"][0]["impl"] = [dense_name]
             spec = from_dict(doc, args.device, tag=args.tag or f"dense-{dense_name}")
         print(f"dilated vs dense SDPA on {args.device}: B=1 H={sizes['heads']} D={sizes['head_dim']} {args.dtype}, "
-              f"segments {tuple(sizes['segments'])}, rates {tuple(sizes['rates'])}; {len(spec.points)} points → "
+              f"segments {tuple(sizes['segments'])}, rates {tuple(sizes['rates'])}{', causal' if args.causal else ''}; "
+              f"{len(spec.points)} points → "
               f"{args.db}", file=sys.stderr)
         rows = run_sweep(spec, args.db, kind="bench")
     except (ValueError, TypeError) as exc:

@@ -2,7 +2,7 @@
 # One command for a GPU machine: correctness on CUDA, then the measurements,
 # each part leaving a log and a Parquet export in OUT_DIR (docs/gpu.md).
 #
-#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..8, default all
+#   scripts/gpu_harvest.sh OUT_DIR [PART ...]          on a GPU machine; PART 1..9, default all
 #   scripts/gpu_harvest.sh --rehearse OUT_DIR [PART ...]   anywhere: every step that needs no GPU
 #
 # Parts (estimated H100 minutes in docs/gpu.md; each is cut at HARVEST_PART_TIMEOUT seconds):
@@ -14,6 +14,7 @@
 #   6 maxlen      dilcompile maxlen: longest forward N, H=8, D=64, bf16
 #   7 serving     bench_hf_serving: compiled static-cache decode (CUDA graphs), bf16, both models
 #   8 tune        tune_triton: the kernels' tile / walk / warps / stages candidates at head dim 128, interleaved
+#   9 causal      bench_dilated as part 2, causal (eager and compiled; η against causal dense)
 # Each part: DuckDB in $HARVEST_TMP, export (sweeps/measurements/telemetry.parquet) and log.txt in
 # OUT_DIR/p<k>-<name>/ — at most 4 files a part, so any two parts fit the 8 files a call brings back.
 #
@@ -28,10 +29,10 @@ WHEELS="${HARVEST_WHEELS:-$REPO/.whl}"
 SITE="${HARVEST_SITE:-/tmp/site}"
 TMP="${HARVEST_TMP:-/tmp/dilcompile-harvest}"
 PART_TIMEOUT="${HARVEST_PART_TIMEOUT:-530}"
-NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen serving tune)
+NAMES=(_ tests dilated sparse std-bf16 std-fp32 maxlen serving tune causal)
 
 usage() {
-  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..8 or all; see the header)" >&2
+  echo "usage: scripts/gpu_harvest.sh [--rehearse] OUT_DIR [PART ...]   (PART: 1..9 or all; see the header)" >&2
   exit 2
 }
 
@@ -42,9 +43,9 @@ OUT="$1"; shift
 PARTS=()
 for p in "${@:-all}"; do
   case "$p" in
-    all) PARTS+=(1 2 3 4 5 6 7 8) ;;
-    [1-8]) PARTS+=("$p") ;;
-    *) echo "gpu_harvest: unknown part '$p': give 1..8 or all" >&2; usage ;;
+    all) PARTS+=(1 2 3 4 5 6 7 8 9) ;;
+    [1-9]) PARTS+=("$p") ;;
+    *) echo "gpu_harvest: unknown part '$p': give 1..9 or all" >&2; usage ;;
   esac
 done
 
@@ -123,6 +124,8 @@ run_part() {
        step "$dir" "$PY" scripts/bench_hf_serving.py --device cuda --model large --contexts 16384 --batches 1 4 \
          --rounds 3 --db "$db" ;;
     8) step "$dir" "$PY" scripts/tune_triton.py --dims 128 --prewarm 8 --db "$db" ;;
+    9) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 --causal \
+         --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db" ;;
   esac
   [[ "$k" == 1 ]] || export_part "$db" "$dir" 2>&1 | tee -a "$dir/log.txt"
   log "part $k ($name) done in $((SECONDS - start)) s" | tee -a "$dir/log.txt"
@@ -148,7 +151,7 @@ install_wheels
 check_imports
 if [[ $REHEARSE -eq 1 ]]; then rehearse; exit 0; fi
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
-  echo "gpu_harvest: torch sees no CUDA device (parts 1..8 need one); on a CPU machine use --rehearse" >&2; exit 3; }
+  echo "gpu_harvest: torch sees no CUDA device (parts 1..9 need one); on a CPU machine use --rehearse" >&2; exit 3; }
 log "$("$PY" -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'CUDA', torch.version.cuda)")"
 for k in "${PARTS[@]}"; do run_part "$k"; done
 "$PY" "$REPO/scripts/gpu_harvest.py" check-out "$OUT" || true

@@ -50,3 +50,29 @@ def test_ctrl_c_keeps_the_finished_rows_and_exits_130_with_one_line(tmp_path):
     (line,) = [text for text in err.splitlines() if "interrupted" in text]
     kept = store.query(db, "SELECT count(*) FROM runs WHERE status = 'ok'")[1][0][0]
     assert line == f"bench_dilated: interrupted: {kept} finished rows kept in {db}" and kept >= 1
+
+
+def test_causal_runs_dense_and_dilated_causal_and_counts_causal_pairs(tmp_path):
+    """--causal: every point causal, η of each row from its own causal pairs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_dilated
+
+    from dilcompile.profile import from_dict
+    from dilcompile.profile.variants import build
+
+    doc = bench_dilated.sweep_doc(bench_dilated.QUICK, False, 1, 0.01, "float32", causal=True)
+    flops = {}
+    for causal in (True, False):
+        doc["defaults"]["causal"] = causal
+        for point in from_dict(doc, "cpu").points:
+            assert point.causal is causal
+            flops[point.variant, point.seq_len, causal] = build(point).fwd_flops
+    for (variant, n, causal), f in flops.items():
+        if causal:  # fewer pairs, but more than half: the diagonal blocks keep their own diagonal
+            assert 0.5 * flops[variant, n, False] < f < flops[variant, n, False], (variant, n)
+
+    db = tmp_path / "runs.duckdb"
+    assert bench_dilated.main(["--quick", "--no-compile", "--causal", "--repeats", "1", "--max-time", "0.01",
+                               "--db", str(db)]) == 0
+    _, rows = store.query(db, "SELECT DISTINCT causal, status FROM runs")
+    assert rows == [(True, "ok")]

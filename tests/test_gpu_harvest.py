@@ -49,7 +49,7 @@ def _tiny_wheel(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["out", "9"], "unknown part '9'"),
+    (["out", "10"], "unknown part '10'"),
     (["out", "fast"], "unknown part 'fast'"),
     ([], "usage:"),
     (["--rehearse"], "usage:"),
