@@ -11,7 +11,10 @@ over every branch of the LongNet configuration (B = 1, H = 16, bf16) exactly
 as the launcher does; candidates are timed in interleaved rounds (A, B, …,
 A, B, …) by profile/measure's Timer (CUDA events, L2 flushed; ``--repeats``
 calls a round), and each one's result is compared with the launcher's
-current choice (equal up to the fp32 summation order). Compiling takes most
+current choice (equal up to the fp32 summation order). Candidate ``add`` is
+the launcher's choice with every launch adding into zero-filled buffers:
+the A/B of the first branch's launches overwriting unset buffers (OVERWRITE,
+``work.overwrites``), which the launcher does where that branch reaches every row. Compiling takes most
 of the time: ``--prewarm J`` first compiles every candidate in J processes at
 a small N with the same specialisations, which fill triton's cache for the
 timed run. A run store row per candidate and round (``--db``): variant
@@ -60,6 +63,7 @@ CANDIDATES = {
          "dkdv": [(128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3, True), (128, 32, 8, 3)]},
 }
 DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
+ADD = "add"  # the launcher's configuration, every launch adding into zeroed buffers (module doc)
 
 
 def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
@@ -74,9 +78,11 @@ def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
 
 def _launcher(kernel: str, config, t: dict, dim: int):
     """A function that runs ``kernel`` over every branch with ``config`` (None:
-    the launcher's own choice) into fresh fp32 buffers and returns them."""
+    the launcher's own choice; ``ADD``: that choice, never overwriting) into
+    fresh fp32 buffers, unset where the first launch writes them whole as the
+    launcher's are, and returns them."""
     from dilcompile.dilated.impl import triton as launcher
-    from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, launch_flags
+    from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, launch_flags, overwrites
     from dilcompile.kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 
     q = t["q"]
@@ -84,12 +90,14 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     offsets = launcher._offset_table(heads, list(SEGMENTS), list(RATES), "longnet", q.device)
     keep = q.new_empty(1, dtype=torch.int8)
     segments = launcher._no_segment_table(q)  # one sequence: the kernels compute their segments
-    covers = launcher.first_branch_covers_all(SEGMENTS, RATES, "longnet")  # as the launcher: branch 0 writes
+    # As the launcher: branch 0 writes the buffers where it reaches every row; ADD times the alternative.
+    covers = launcher.first_branch_covers_all(SEGMENTS, RATES, "longnet") and config != ADD
+    fresh = torch.empty if overwrites(kernel, covers, False) else torch.zeros
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
     def meta(i, w, r):
-        if config is None:
+        if config is None or config == ADD:
             chosen = kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, False, q.dtype, arch, kernel))
         else:  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too
             owned, walk, warps, stages, *whole = config
@@ -101,9 +109,11 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     plans = [(i, w, r, *meta(i, w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 
     def run():
-        outs = [torch.zeros(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if kernel == "dkdv"
-                                                                                        else 1)]
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        outs = [fresh(q.shape, dtype=torch.float32, device=q.device) for _ in range(2 if kernel == "dkdv" else 1)]
+        if kernel == "dkdv":  # dq, which only atomic adds write: zeroed whatever the rest
+            outs.append(torch.zeros(q.shape, dtype=torch.float32, device=q.device))
+        lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if fresh is torch.empty else
+               torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device))
         for i, w, r, tile, m in plans:
             grid = (launcher._programs(w, r, n, tile), heads)
             common = (keep, offsets, segments, i, heads, n, dim, w, r, dim ** -0.5)
@@ -117,10 +127,13 @@ def _launcher(kernel: str, config, t: dict, dim: int):
 
 
 def _label(config, kernel: str) -> str:
-    """"launcher", or owned/walk/warps/stages, with "/whole" where the forward or dq walks whole blocks
-    unmasked and "/atomic" where dk/dv adds dq too (compare it with the best dq plus dk/dv)."""
+    """"launcher", "launcher/add" (``ADD``), or owned/walk/warps/stages, with "/whole" where the forward or
+    dq walks whole blocks unmasked and "/atomic" where dk/dv adds dq too (compare it with the best dq plus
+    dk/dv)."""
     if config is None:
         return "launcher"
+    if config == ADD:
+        return "launcher/add"
     flag = ("/atomic" if kernel == "dkdv" else "/whole") if config[4:] and config[4] else ""
     return "/".join(map(str, config[:4])) + flag
 
@@ -133,7 +146,7 @@ def _useful_flops(kernel: str, n: int, heads: int, dim: int) -> float:
 
 def _jobs(dims):
     return [(dim, kernel, config) for dim in dims for kernel in ("fwd", "dq", "dkdv")
-            for config in [None] + CANDIDATES[dim][kernel]]
+            for config in [None, ADD] + CANDIDATES[dim][kernel]]
 
 
 def tile_row(kernel: str, label: str, n: int, heads: int, dim: int, dtype: str, round_: int, times_ms,
