@@ -14,12 +14,13 @@ calls a round), and each one's result is compared with the launcher's
 current choice (equal up to the fp32 summation order). Candidate ``add`` is
 the launcher's choice with every launch adding into zero-filled buffers:
 the A/B of the first branch's launches overwriting unset buffers (OVERWRITE,
-``work.overwrites``), which the launcher does where that branch reaches every row. Compiling takes most
-of the time: ``--prewarm J`` first compiles every candidate in J processes at
-a small N with the same specialisations, which fill triton's cache for the
-timed run. A run store row per candidate and round (``--db``): variant
-``triton-tile:<kernel>`` (fwd, dq, dkdv), impl the candidate's label
-(``launcher`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
+``work.overwrites``), which the launcher does where that branch reaches
+every row. Compiling takes most of the time: ``--prewarm J`` first compiles
+every candidate in J processes at a small N with the same specialisations,
+which fill triton's cache for the timed run. A run store row per candidate
+and round (``--db``): variant ``triton-tile:<kernel>`` (fwd, dq, dkdv), impl
+the candidate's label (``launcher``, ``launcher/add`` or
+owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
 ``bwd``, config JSON with the round and the difference to the launcher's
 result; then a table of each candidate's best round.
 """
