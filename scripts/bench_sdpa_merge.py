@@ -1,12 +1,15 @@
-"""impl="sdpa"'s CUDA forward three ways, interleaved in one process: merging
+"""impl="sdpa"'s CUDA forward six ways, interleaved in one process: merging
 piece by piece into an fp32 accumulator with flash per piece (the earlier
 path), one merge kernel with flash, one merge kernel with cuDNN (the path
-now); dense cuDNN attention as the yardstick where it fits. LongNet
-configuration, B = 1, H = 16, D = 128, bf16 (docs/performance.md). Each
-path's best round (profile/measure's Timer, ``--repeats`` calls a round) is a
-run store row: variant ``dilated``, impl ``sdpa/per-piece-flash``,
-``sdpa/merge-flash`` or ``sdpa/merge-cudnn``, η against the dense row
-(variant ``sdpa``, impl ``cudnn``); then a table.
+now); that path with a kernel call per part instead of a layer's parts
+sharing one (B = 1, ``plan_calls(share=False)``); and on q, k, v as a
+projection leaves them ((B, N, H, D) seen transposed), read in place (the
+path now) or copied to (B, H, N, D) first. Dense cuDNN attention is the
+yardstick where it fits. LongNet configuration, B = 1, H = 16, D = 128, bf16
+(docs/performance.md). Each path's best round (profile/measure's Timer,
+``--repeats`` calls a round) is a run store row: variant ``dilated``, impl
+the path's label (``IMPLS``), η against the dense row (variant ``sdpa``,
+impl ``cudnn``); then a table.
 
     python scripts/bench_sdpa_merge.py [--seq-lens 16384 65536 1048576] [--db runs/dilcompile.duckdb]   # a GPU
 """
@@ -36,8 +39,14 @@ from dilcompile.store import DEFAULT_DB  # noqa: E402
 PROG = "bench_sdpa_merge"
 SEGMENTS, RATES = (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8, 16)
 HEADS, DIM = 16, 128
-PATHS = ("per-piece merge, flash", "one merge, flash", "one merge, cudnn")
-IMPLS = dict(zip(PATHS, ("sdpa/per-piece-flash", "sdpa/merge-flash", "sdpa/merge-cudnn")))  # the rows' impl
+# Each path: the rows' impl label, one merge kernel, calls shared, the inputs' layout.
+PATHS = {"per-piece merge, flash": ("sdpa/per-piece-flash", False, True, "heads-outer"),
+         "one merge, flash": ("sdpa/merge-flash", True, True, "heads-outer"),
+         "one merge, cudnn": ("sdpa/merge-cudnn", True, True, "heads-outer"),
+         "a call per part": ("sdpa/merge-cudnn-unshared", True, False, "heads-outer"),
+         "transposed, read in place": ("sdpa/merge-cudnn-transposed", True, True, "transposed"),
+         "transposed, copied first": ("sdpa/merge-cudnn-transposed-copied", True, True, "copied")}
+IMPLS = {path: spec[0] for path, spec in PATHS.items()}  # the first path's output is the others' yardstick
 
 
 def _use(path: str) -> None:
@@ -62,14 +71,22 @@ def main(argv=None) -> int:
             "compiled": False, "status": "ok"}
     for n in args.seq_lens:
         q, k, v = (torch.randn(1, HEADS, n, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        seen = (q, k, v), tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
 
-        def call(path):  # impl="sdpa"'s forward, its merge path chosen per call
-            return dilated_forward(q, k, v, parts, False, DIM ** -0.5, one_merge=path != PATHS[0])[0]
+        def call(path):  # impl="sdpa"'s forward, its merge path, call sharing and input layout chosen per call
+            _, one_merge, share, layout = PATHS[path]
+            inputs = seen[layout != "heads-outer"]
+            if layout == "copied":
+                inputs = tuple(x.contiguous() for x in inputs)
+            return dilated_forward(*inputs, parts, False, DIM ** -0.5, one_merge=one_merge, share_calls=share)[0]
 
-        outs = {}
-        for path in PATHS:
+        diffs, first = {}, None
+        for path in PATHS:  # a first call each (cuDNN plans, the merge kernel's compile); outputs compared, dropped
             _use(path)
-            outs[path] = call(path)
+            out = call(path).float()
+            first = out if first is None else first
+            diffs[path] = (out - first).abs().max().item()
+            del out
         dense = None
         if n <= 131072:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -85,7 +102,7 @@ def main(argv=None) -> int:
                 best[path] = min(best.get(path, timing), timing, key=lambda t: t.median_ms)
         useful = 4.0 * DIM * nnz(plan_parts(HEADS, SEGMENTS, RATES, "longnet"), HEADS, n, False)
         for path in PATHS:
-            diff = (outs[path].float() - outs[PATHS[0]].float()).abs().max().item()
+            diff = diffs[path]
             cols = timing_columns(best[path], n, useful)
             row = recorder.write(base | {"variant": "dilated", "impl": IMPLS[path], "mode": "longnet", "seq_len": n,
                                          "config": json.dumps({"segments": SEGMENTS, "rates": RATES, "rounds":
@@ -93,9 +110,9 @@ def main(argv=None) -> int:
                                          "efficiency": dense and cols["useful_tflops"] / dense["useful_tflops"],
                                          **cols})
             table.append([n, IMPLS[path], row["latency_ms"], row["useful_tflops"], row["efficiency"], diff])
-        del q, k, v, outs
+        del q, k, v, seen, first
         torch.cuda.empty_cache()
-    _use(PATHS[2])
+    _use("one merge, cudnn")
     if close_store(PROG, recorder):
         return 1
     print(render(["N", "impl", "ms", "TFLOP/s", "η vs dense cuDNN", "max |Δ| vs per-piece"], table))

@@ -13,7 +13,8 @@
 #   5 std-fp32    the standard sweep's fp32 rows with NVML telemetry
 #   6 maxlen      dilcompile maxlen: longest forward N, H=8, D=64, bf16
 #   7 serving     bench_hf_serving: compiled static-cache decode (CUDA graphs), bf16, both models
-#   8 tune        tune_triton: the kernels' tile / walk / warps / stages candidates at head dim 128, interleaved
+#   8 tune        tune_triton: the kernels' tile / walk / warps / stages candidates at head dim 128, interleaved;
+#                 bench_sdpa_merge: the sdpa path's merge, call-sharing and input-layout A/Bs
 #   9 causal      bench_dilated as part 2, causal (eager and compiled; η against causal dense)
 # Each part: DuckDB in $HARVEST_TMP, export (sweeps/measurements/telemetry.parquet) and log.txt in
 # OUT_DIR/p<k>-<name>/ — at most 4 files a part, so any two parts fit the 8 files a call brings back.
@@ -123,7 +124,8 @@ run_part() {
          --rounds 3 --db "$db"
        step "$dir" "$PY" scripts/bench_hf_serving.py --device cuda --model large --contexts 16384 --batches 1 4 \
          --rounds 3 --db "$db" ;;
-    8) step "$dir" "$PY" scripts/tune_triton.py --dims 128 --prewarm 8 --db "$db" ;;
+    8) step "$dir" "$PY" scripts/tune_triton.py --dims 128 --prewarm 8 --db "$db"
+       step "$dir" "$PY" scripts/bench_sdpa_merge.py --db "$db" ;;
     9) step "$dir" "$PY" scripts/bench_dilated.py --preset longnet --device cuda --dtype bfloat16 --causal \
          --impls sdpa triton --passes fwd fwd_bwd --dense-backends best --db "$db" ;;
   esac

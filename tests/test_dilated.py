@@ -113,6 +113,28 @@ def test_longnet_calls_share_or_read_q_in_place(batch, n, transposed, calls, in_
     assert all(x.untyped_storage().data_ptr() == q.untyped_storage().data_ptr() for x in seen) == in_place
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_call_per_part_when_not_shared_still_matches_reference(seed, monkeypatch, device):
+    # share_calls=False (the A/B of sharing in scripts/bench_sdpa_merge.py): the 31 parts of the scaled
+    # LongNet configuration are 31 calls, each read in place, with the reference's rows.
+    from dilcompile.dilated.geometry import plan_parts
+    from dilcompile.dilated.impl import sdpa
+
+    segments, rates = (8, 16, 32, 64, 128), (1, 2, 4, 8, 16)
+    parts = plan_parts(16, segments, rates)
+    n = 64 + 16 * seed  # a multiple of each segment only at seed 0
+    q, k, v = random_qkv(1, 16, n, 8, device=device, seed=seed)
+    seen = []
+    real = sdpa.attention_forward
+    monkeypatch.setattr(sdpa, "attention_forward", lambda x, *a: seen.append(x) or real(x, *a))
+    out, lse = sdpa.dilated_forward(q, k, v, parts, False, 8 ** -0.5, one_merge=False, share_calls=False)
+    assert len(seen) == len(sdpa.plan_calls(n, 1, parts, share=False)) >= len(parts) > len(sdpa._plan(q, parts))
+    ref, ref_lse = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, impl="reference",
+                                     return_lse=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lse, ref_lse)
+
+
 def test_gradients_only_through_out_skip_lse_term(device):
     q, k, v = random_qkv(1, 4, 50, 8, device=device, requires_grad=True)
     kw = dict(segment_lengths=(8, 16), dilation_rates=(1, 2))

@@ -100,7 +100,8 @@ def _follows(a: Part, b: Part) -> bool:
         and (b.offset, b.h0) == (a.offset + 1, a.h1)
 
 
-def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = True) -> list[Call]:
+def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = True,
+               share: bool = True) -> list[Call]:
     """The kernel calls of ``parts`` over N = n positions. With one batch row
     and heads outer in memory (a (B, H, N, D) tensor), a layer's neighbouring
     parts share a call: a LongNet layer of rate r is r parts (head block j
@@ -113,7 +114,9 @@ def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = 
     transposed, as a projection leaves q) the blocks are not one stride apart,
     so a shared call would copy its rows — on this CPU (LongNet-like, H = 16,
     D = 64) 4-6% faster up to N = 2K, where calls cost more than copies, even
-    from 4K, 2% slower at 16K and 64K; on a GPU not yet timed."""
+    from 4K, 2% slower at 16K and 64K; on a GPU not yet timed. ``share=False``:
+    one call per part and span whatever the layout (the A/B of sharing,
+    scripts/bench_sdpa_merge.py)."""
     calls: list[Call] = []
     open_calls: dict[tuple, int] = {}  # (layer, span, rows) → index of the call that may grow
     for part in parts:
@@ -121,7 +124,7 @@ def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = 
             rows = -(-(length - part.offset) // part.rate)
             key = (part.layer, first, segments, length, rows)
             at = open_calls.get(key)
-            if batch == 1 and heads_outer and at is not None and _follows(calls[at].parts[-1], part):
+            if share and batch == 1 and heads_outer and at is not None and _follows(calls[at].parts[-1], part):
                 calls[at] = replace(calls[at], parts=calls[at].parts + (part,))
             else:
                 open_calls[key] = len(calls)
@@ -129,9 +132,9 @@ def plan_calls(n: int, batch: int, parts: tuple[Part, ...], heads_outer: bool = 
     return calls
 
 
-def _plan(q: Tensor, parts: tuple[Part, ...]) -> list[Call]:
+def _plan(q: Tensor, parts: tuple[Part, ...], share: bool = True) -> list[Call]:
     """``plan_calls`` for q (B, H, N, D) as it lies in memory."""
-    return plan_calls(q.shape[2], q.shape[0], parts, holds_heads_outer(q))
+    return plan_calls(q.shape[2], q.shape[0], parts, holds_heads_outer(q), share)
 
 
 def holds_heads_outer(x: Tensor) -> bool:
@@ -162,20 +165,21 @@ def _grouping(view: Tensor) -> tuple[int, ...]:
 
 def dilated_forward(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
-    key_mask: Tensor | None = None, one_merge: bool | None = None,
+    key_mask: Tensor | None = None, one_merge: bool | None = None, share_calls: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Merged dilated attention. q, k, v: (B, H, N, D) → out (B, H, N, D), lse (B, H, N).
     ``key_mask`` (B, N) bool, True = removed: those keys are masked out, positions stay.
     Rows no part covers (or whose keys are all removed) get out 0, lse −inf.
     ``one_merge``: merge every piece in one Triton kernel (True) or piece by
-    piece into an fp32 buffer (False); None: where ``merges_in_one_kernel``."""
+    piece into an fp32 buffer (False); None: where ``merges_in_one_kernel``.
+    ``share_calls``: neighbouring parts share a kernel call where ``plan_calls`` allows."""
     if merges_in_one_kernel(q) if one_merge is None else one_merge:
-        return _forward_merged_once(q, k, v, parts, causal, scale, key_mask)
+        return _forward_merged_once(q, k, v, parts, causal, scale, key_mask, share_calls)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
     merges = any(p.layer for p in parts)
     out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
-    for call in _plan(q, parts):
+    for call in _plan(q, parts, share_calls):
         order = call.order(q)
         call_out, call_lse = attention_forward(*(call.flatten(x, order, dense=True) for x in (q, k, v)), causal,
                                                scale, call.key_mask(key_mask, q, order))
@@ -195,7 +199,7 @@ def merges_in_one_kernel(q: Tensor) -> bool:
     return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and HAS_TRITON
 
 
-def _forward_merged_once(q, k, v, parts, causal, scale, key_mask):
+def _forward_merged_once(q, k, v, parts, causal, scale, key_mask, share_calls=True):
     """``dilated_forward`` on CUDA: each call's attention on strided views of
     its rows (no gather copy where N is a multiple of the segment, in either
     layout), its output kept as the kernel returned it, then one merge over
@@ -203,7 +207,7 @@ def _forward_merged_once(q, k, v, parts, causal, scale, key_mask):
     from ...kernels.triton_merge import merge_pieces
 
     pieces = []
-    for call in _plan(q, parts):
+    for call in _plan(q, parts, share_calls):
         order = call.order(q)
         out, lse = attention_forward(*(call.flatten(x, order) for x in (q, k, v)), causal, scale,
                                      call.key_mask(key_mask, q, order))
