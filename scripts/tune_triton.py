@@ -93,7 +93,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     segments = launcher._no_segment_table(q)  # one sequence: the kernels compute their segments
     # As the launcher: branch 0 writes the buffers where it reaches every row; ADD times the alternative.
     covers = launcher.first_branch_covers_all(SEGMENTS, RATES, "longnet") and config != ADD
-    fresh = torch.empty if overwrites(kernel, covers, False) else torch.zeros
+    overwrite = overwrites(kernel, covers, False)
     arch = launcher._arch(q)
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
@@ -110,11 +110,13 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     plans = [(i, w, r, *meta(i, w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 
     def run():
-        outs = [fresh(q.shape, dtype=torch.float32, device=q.device) for _ in range(2 if kernel == "dkdv" else 1)]
+        fresh = launcher._unset if overwrite else launcher._zeros
+        outs = [fresh(q.shape, q.device) for _ in range(2 if kernel == "dkdv" else 1)]
         if kernel == "dkdv":  # dq, which only atomic adds write: zeroed whatever the rest
-            outs.append(torch.zeros(q.shape, dtype=torch.float32, device=q.device))
-        lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if fresh is torch.empty else
-               torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device))
+            outs.append(launcher._zeros(q.shape, q.device))
+        lse = fresh(q.shape[:-1], q.device)
+        if not overwrite:
+            lse.fill_(float("-inf"))
         for i, w, r, tile, m in plans:
             grid = (launcher._programs(w, r, n, tile), heads)
             common = (keep, offsets, segments, i, heads, n, dim, w, r, dim ** -0.5)

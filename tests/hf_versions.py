@@ -21,7 +21,8 @@ from pathlib import Path
 
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+from nested_pytest import ROOT, imported_version, run_pytest
+
 ENDS = ("5.23.0", "5.24.0")  # the range transformers>=5.23,<5.25
 FILES = ["tests/test_hf.py", "tests/test_hf_batches.py", "tests/test_hf_config.py", "tests/test_hf_static_cache.py"]
 # Inductor compiles are version-independent and the slow part: the main suite has run them.
@@ -48,18 +49,13 @@ def install(version: str) -> Path:
 def main(argv: list[str]) -> int:
     version = other_end(transformers.__version__)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(install(version)), str(ROOT)]))
-    seen = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"], env=env,
-                          capture_output=True, text=True, check=True).stdout.strip()
+    seen = imported_version(sys.executable, "transformers", env)
     if seen != version:
         print(f"hf-versions: FAILED: asked for transformers {version}, the nested run imports {seen}")
         return 1
     print(f"hf-versions: the Hugging Face tests under transformers {version}, the other end of the supported "
           f"range ({transformers.__version__} ran in the main suite)", flush=True)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FILES, "-k", SELECT,
-                          *argv], cwd=ROOT, env=env)
-    print(f"hf-versions: {'passed' if run.returncode == 0 else f'FAILED (pytest exit status {run.returncode})'} "
-          f"under transformers {version}", flush=True)
-    return run.returncode
+    return run_pytest("hf-versions", sys.executable, [*FILES, "-k", SELECT, *argv], env, f"transformers {version}")
 
 
 if __name__ == "__main__":

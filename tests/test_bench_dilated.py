@@ -60,10 +60,9 @@ def test_causal_runs_dense_and_dilated_causal_and_counts_causal_pairs(tmp_path):
     from dilcompile.profile import from_dict
     from dilcompile.profile.variants import build
 
-    doc = bench_dilated.sweep_doc(bench_dilated.QUICK, False, 1, 0.01, "float32", causal=True)
     flops = {}
     for causal in (True, False):
-        doc["defaults"]["causal"] = causal
+        doc = bench_dilated.sweep_doc(bench_dilated.QUICK, False, 1, 0.01, "float32", causal=causal)
         for point in from_dict(doc, "cpu").points:
             assert point.causal is causal
             flops[point.variant, point.seq_len, causal] = build(point).fwd_flops

@@ -22,7 +22,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from nested_pytest import ROOT, imported_version, run_pytest
+
 OLDEST = "2.11.0"
 VENV = ROOT / f".venv-torch{OLDEST}"
 # What the selected tests import, at the main virtualenv's versions (torch brings triton).
@@ -54,19 +55,14 @@ def main(argv: list[str]) -> int:
     exe = python()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)
-    seen = subprocess.run([str(exe), "-c", "import torch; print(torch.__version__)"], env=env,
-                          capture_output=True, text=True, check=True).stdout.strip()
+    seen = imported_version(exe, "torch", env)
     if not seen.startswith(OLDEST):
         print(f"torch-versions: FAILED: asked for torch {OLDEST}, the nested run imports {seen}")
         return 1
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
                    if not p.name.startswith(SKIP_FILES))
     print(f"torch-versions: the compiling tests under torch {seen}, the oldest supported", flush=True)
-    run = subprocess.run([str(exe), "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k", SELECT, *argv],
-                         cwd=ROOT, env=env)
-    print(f"torch-versions: {'passed' if run.returncode == 0 else f'FAILED (pytest exit status {run.returncode})'} "
-          f"under torch {seen}", flush=True)
-    return run.returncode
+    return run_pytest("torch-versions", exe, [*files, "-k", SELECT, *argv], env, f"torch {seen}")
 
 
 if __name__ == "__main__":
