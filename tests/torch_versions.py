@@ -11,6 +11,10 @@ passed every test here. This builds a virtualenv with torch 2.11 beside
 the main one (once: later runs reuse it) and runs the tests that compile,
 trace or launch the Triton kernels under it, in a nested pytest.
 
+``--install`` only builds the virtualenv: ``make test`` runs that in the
+background during the main suite (a download of a few GB, mostly waiting
+on the network), so this step starts with it built.
+
 Prints one line saying which torch ran and how it went; exits non-zero on
 any failure (``make test`` fails with it). Extra arguments go to pytest."""
 
@@ -52,6 +56,10 @@ def python() -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--install"]:
+        python()
+        print(f"torch-versions: torch {OLDEST} installed in {VENV}", flush=True)
+        return 0
     exe = python()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)
