@@ -23,3 +23,16 @@ def tracing() -> bool:
 # What torch._dynamo.assume_constant_result does (importing it would load Dynamo with the package):
 # Dynamo calls the function while tracing and takes its result as a constant — no guard, no graph break.
 tracing._dynamo_marked_constant = True
+
+
+def symbolic(size: int) -> bool:
+    """Whether ``size`` is a symbol of a graph traced for any size (Dynamo's
+    dynamic shapes), not a number. Dynamo hides a SymInt from ``isinstance``
+    and ``type`` (both say int); ``statically_known_true`` asks its shape
+    environment without adding a guard, and a number's parity is known
+    where a free size's is not."""
+    if not tracing():  # eager: nothing to ask (and sympy stays unloaded)
+        return False
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return not (statically_known_true(size % 2 == 0) or statically_known_true(size % 2 == 1))

@@ -82,6 +82,30 @@ def test_compiled_static_cache_decode_is_one_graph_and_equals_eager(impl):
     assert not counters["recompiles"], dict(counters["recompiles"])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_compiled_decode_serves_caches_of_new_lengths(impl):
+    """A server's requests differ in length: a generate that needs a longer static cache builds a new one,
+    and Dynamo compiles the decode step again, now for any cache length (automatic dynamic shapes).
+    Block-sparse failed there ("assume_constant_result argument conversion failed": its count of key blocks
+    needs the length as a number); traced for any length it reads every block, each key weighted. Tokens
+    equal eager generation at each length, logits within 1e-5; a third length compiles nothing."""
+    model = _small_llama(impl)
+    ids, mask = _prompts(7)
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    graphs = []
+    for new in (4, 9, 15):  # each cache longer than the last
+        settings = GREEDY | {"max_new_tokens": new, "min_new_tokens": new}
+        eager = model.generate(ids, attention_mask=mask, **settings)
+        before = counters["stats"]["unique_graphs"]
+        compiled = model.generate(ids, attention_mask=mask, cache_implementation="static", compile_config=config,
+                                  **settings)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        _assert_same_generation(compiled, eager, atol=1e-5)
+    assert graphs == [1, 1, 0], graphs
+
+
 def test_compiled_forward_serves_prefill_and_decode_with_two_graphs():
     """The other common recipe: ``model.forward = torch.compile(model.forward, fullgraph=True)``, so the
     prefill is compiled too — one graph for it, one for every decode step."""

@@ -15,7 +15,7 @@ import torch
 from dilcompile import block_sparse_attention
 from dilcompile.models import LongNetConfig, LongNetDecoder
 from dilcompile.patterns import local_window
-from dilcompile.tracing import tracing
+from dilcompile.tracing import symbolic, tracing
 
 _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
@@ -98,3 +98,20 @@ def test_tracing_is_true_inside_a_compiled_function_and_adds_no_graph_break():
     torch._dynamo.reset()
     assert torch.equal(torch.compile(f, fullgraph=True)(torch.ones(2)), torch.full((2,), 2.0))
     assert seen == [True] and f(torch.ones(2)).eq(1).all() and seen[-1] is False
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_symbolic_tells_a_size_symbol_from_a_number_when_compiled_and_eager(dynamic):
+    """Dynamo hides a SymInt from isinstance and type(): symbolic() is what tells a graph traced for any
+    length (where a count that needs a number cannot be made) from one traced for this length."""
+    seen = []
+
+    def f(x):
+        seen.append(symbolic(x.shape[0]))
+        return x + 1
+
+    torch._dynamo.reset()
+    for n in (6, 7):  # under dynamic=False the second length recompiles for its own number
+        torch.compile(f, fullgraph=True, dynamic=dynamic)(torch.ones(n))
+    assert seen and set(seen) == {dynamic}, seen
+    assert not symbolic(6) and not symbolic(7)

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..patterns import Pattern
 from ..patterns import causal as causal_of
 from ..patterns.spec import from_template
+from ..tracing import symbolic
 
 
 @functools.lru_cache(maxsize=64)
@@ -49,13 +50,18 @@ def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, 
     """position (B,) int64, the query's; ``slots``: S, more than any position
     → key positions (B, H', K) in [0, S) and weights (B, H', K) int64 (1 = an
     allowed key), H' = H for a head-dependent pattern, else 1. Causal and not
-    agree on the keys (none follows the query); ``causal`` picks the bound."""
+    agree on the keys (none follows the query); ``causal`` picks the bound.
+    Traced with S a symbol (a graph for every cache length), K covers every
+    block: the decode step then reads the whole cache, each key weighted."""
     if pattern.data_dependent:
         raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so a decode query "
                          f"alone cannot give the full call's rows ({pattern!r})")
     device = position.device
     blocks = -(-slots // block_size)
-    bound = block_bound(pattern._structure, pattern._number_values, causal, num_heads, slots, block_size)
+    if symbolic(slots):  # traced for any cache length (Dynamo's automatic dynamic shapes, from a second
+        bound = blocks   # length on): the pattern's count needs a number, so every block
+    else:
+        bound = block_bound(pattern._structure, pattern._number_values, causal, num_heads, slots, block_size)
     pattern = pattern.with_heads(num_heads)
     p = position[:, None, None]  # (B, 1, 1)
     zero = torch.zeros((), dtype=torch.int64, device=device)
