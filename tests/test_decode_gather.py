@@ -150,3 +150,36 @@ def test_block_sparse_index_set_is_the_query_row_of_the_mask(spec, causal):
             want = mask[:, p].clone()
             want[:, p + 1 :] = False
             assert torch.equal(got.expand(heads, -1), want.long()), (slots, block_size, p)
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if not s.startswith("hilbert")])  # Hilbert: one N only
+def test_block_sparse_index_set_traced_for_any_cache_length_is_the_same_keys(spec):
+    """A second cache length makes Dynamo trace for any length (automatic dynamic shapes, as a static
+    cache's second size does): the block count is then the pattern's at the model's longest sequence.
+    The same keys as eager at each length; K that count's blocks at most (a local pattern still reads a
+    few blocks); the third length runs the second graph."""
+    from torch._dynamo.testing import CompileCounter
+
+    from dilcompile.block_sparse.decode_gather import block_bound
+    from dilcompile.block_sparse.decode_gather import decode_keys as block_keys
+    from dilcompile.patterns.spec import from_spec
+
+    pattern, heads, block_size, longest = from_spec(spec), 2, 4, 96
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    traced = torch.compile(lambda p, cache: block_keys(p, cache.shape[0], heads, pattern, True, block_size,
+                                                       longest=longest), backend=counter, fullgraph=True)
+    g = torch.Generator().manual_seed(len(spec))
+    for slots, counted_at in ((40, 40), (57, longest), (96, longest)):
+        positions = torch.randint(0, slots, (3,), generator=g)
+        keys, weight = traced(positions, torch.empty(slots))
+        bound = block_bound(pattern._structure, pattern._number_values, True, heads, counted_at, block_size)
+        assert keys.shape[-1] == min(bound, -(-slots // block_size)) * block_size, slots
+        want_keys, want_weight = block_keys(positions, slots, heads, pattern, True, block_size)
+        for b in range(3):
+            got = torch.zeros(keys.shape[1], slots, dtype=torch.int64).scatter_add(1, keys[b], weight[b])
+            want = torch.zeros(want_keys.shape[1], slots, dtype=torch.int64).scatter_add(1, want_keys[b],
+                                                                                        want_weight[b])
+            assert torch.equal(got.expand(heads, -1), want.expand(heads, -1)), (slots, b)
+    assert counter.frame_count == 2
+    torch._dynamo.reset()

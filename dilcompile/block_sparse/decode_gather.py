@@ -46,22 +46,33 @@ block_bound._dynamo_marked_constant = True
 
 
 def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, causal: bool,
-                block_size: int) -> tuple[Tensor, Tensor]:
+                block_size: int, longest: int | None = None) -> tuple[Tensor, Tensor]:
     """position (B,) int64, the query's; ``slots``: S, more than any position
     → key positions (B, H', K) in [0, S) and weights (B, H', K) int64 (1 = an
     allowed key), H' = H for a head-dependent pattern, else 1. Causal and not
     agree on the keys (none follows the query); ``causal`` picks the bound.
-    Traced with S a symbol (a graph for every cache length), K covers every
-    block: the decode step then reads the whole cache, each key weighted."""
+    Traced with S a symbol (a graph for every cache length), the count is
+    the pattern's at ``longest`` slots (the model's longest sequence), which
+    serves every cache up to it — a query block's listed key blocks only grow
+    with the sequence (the assert below stops a pattern for which they do
+    not) — and without ``longest`` K covers every block: the decode step
+    then reads the whole cache, each key weighted."""
     if pattern.data_dependent:
         raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so a decode query "
                          f"alone cannot give the full call's rows ({pattern!r})")
     device = position.device
+    if not symbolic(slots):  # a cache shorter than a block: one block of its length
+        block_size = min(block_size, slots)
     blocks = -(-slots // block_size)
-    if symbolic(slots):  # traced for any cache length (Dynamo's automatic dynamic shapes, from a second
-        bound = blocks   # length on): the pattern's count needs a number, so every block
+    template = (pattern._structure, pattern._number_values, causal, num_heads)
+    if not symbolic(slots):
+        bound = block_bound(*template, slots, block_size)
+    # Traced for any cache length (Dynamo's automatic dynamic shapes, from a second length on): the count
+    # needs a number. The comparison is a guard: a cache longer than `longest` compiles once more.
+    elif longest is not None and slots <= longest:
+        bound = block_bound(*template, longest, block_size)
     else:
-        bound = block_bound(pattern._structure, pattern._number_values, causal, num_heads, slots, block_size)
+        bound = blocks
     pattern = pattern.with_heads(num_heads)
     p = position[:, None, None]  # (B, 1, 1)
     zero = torch.zeros((), dtype=torch.int64, device=device)

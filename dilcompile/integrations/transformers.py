@@ -341,7 +341,8 @@ def block_sparse_forward(module, query, key, value, attention_mask, dropout: flo
     def keys_of(position, slots, heads, causal):
         from ..block_sparse.decode_gather import decode_keys
 
-        return decode_keys(position, slots, heads, pattern, causal, min(block_size, slots))
+        return decode_keys(position, slots, heads, pattern, causal, block_size,
+                           longest=getattr(module.config, "max_position_embeddings", None))
 
     def weights_of(position, keys, heads):
         from ..block_sparse.decode_gather import key_weights
