@@ -87,8 +87,8 @@ def test_compiled_decode_serves_caches_of_new_lengths(impl):
     """A server's requests differ in length: a generate that needs a longer static cache builds a new one,
     and Dynamo compiles the decode step again, now for any cache length (automatic dynamic shapes).
     Block-sparse failed there ("assume_constant_result argument conversion failed": its count of key blocks
-    needs the length as a number); traced for any length it reads every block, each key weighted. Tokens
-    equal eager generation at each length, logits within 1e-5; a third length compiles nothing."""
+    needs the length as a number); traced for any length it counts them at the model's longest sequence.
+    Tokens equal eager generation at each length, logits within 1e-5; a third length compiles nothing."""
     model = _small_llama(impl)
     ids, mask = _prompts(7)
     config = CompileConfig(fullgraph=True, mode="default")

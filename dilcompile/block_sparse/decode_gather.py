@@ -61,11 +61,12 @@ def decode_keys(position: Tensor, slots: int, num_heads: int, pattern: Pattern, 
         raise ValueError(f"the adaptive pattern selects key blocks from whole query blocks, so a decode query "
                          f"alone cannot give the full call's rows ({pattern!r})")
     device = position.device
-    if not symbolic(slots):  # a cache shorter than a block: one block of its length
+    number = not symbolic(slots)
+    if number:  # a cache shorter than a block: one block of its length
         block_size = min(block_size, slots)
     blocks = -(-slots // block_size)
     template = (pattern._structure, pattern._number_values, causal, num_heads)
-    if not symbolic(slots):
+    if number:
         bound = block_bound(*template, slots, block_size)
     # Traced for any cache length (Dynamo's automatic dynamic shapes, from a second length on): the count
     # needs a number. The comparison is a guard: a cache longer than `longest` compiles once more.
