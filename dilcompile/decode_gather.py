@@ -82,7 +82,7 @@ def _copy_free(q: Tensor) -> bool:
     return q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu"
 
 
-def _stored(x: Tensor) -> Tensor:
+def stored(x: Tensor) -> Tensor:
     """``x``, computed into memory once where Inductor would inline it. A
     loop over K keys that reads a small pointwise result (the query, after
     the rotary embedding) otherwise recomputes it at every key — cos and sin
@@ -141,7 +141,7 @@ def _attend_cpu(q: Tensor, k: Tensor, v: Tensor, index: tuple[Tensor, Tensor, Te
     # content (NaN, say) never enters the sum; with no key at all the output is 0 below, whatever slot 0 holds.
     some_key = torch.where(keep, slots, -1).amax(-1, keepdim=True).clamp(min=0)
     slots = torch.where(keep, slots, some_key)
-    s = (_stored(q) * k[rows, kv_head, slots]).sum(-1) * scale  # (B, H, K)
+    s = (stored(q) * k[rows, kv_head, slots]).sum(-1) * scale  # (B, H, K)
     p, total = _softmax_weighted(s, weight)
     flat = ((rows * k.shape[1] + kv_head) * k.shape[2] + slots).flatten()  # rows of v viewed (B·Hkv·S, D)
     bags = torch.arange(0, flat.numel(), slots.shape[-1], device=q.device)  # one bag per (row, head)

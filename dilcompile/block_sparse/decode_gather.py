@@ -17,6 +17,7 @@ import functools
 import torch
 from torch import Tensor
 
+from ..decode_gather import stored
 from ..patterns import Pattern
 from ..patterns import causal as causal_of
 from ..patterns.spec import from_template
@@ -96,4 +97,7 @@ def key_weights(position: Tensor, keys: Tensor, num_heads: int, pattern: Pattern
     p = position[:, None, None]
     zero = torch.zeros((), dtype=torch.int64, device=keys.device)
     h = torch.arange(num_heads if pattern.head_dependent else 1, device=keys.device)[None, :, None]
-    return ((keys >= 0) & (keys <= p) & pattern.mask_mod(zero, h, p, keys)).long()
+    weight = ((keys >= 0) & (keys <= p) & pattern.mask_mod(zero, h, p, keys)).long()
+    # Stored once on the CPU: compiled, a mask_mod (any composition of comparisons) inlined into the loops
+    # over the keys was evaluated in each (docs/serving.md). Not yet timed on a GPU.
+    return stored(weight) if weight.device.type == "cpu" else weight
