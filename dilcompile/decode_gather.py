@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .numerics import accumulator_dtype
+from .tracing import tracing
 
 
 def _softmax_weighted(s: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -89,8 +90,11 @@ def stored(x: Tensor) -> Tensor:
     per key and head, which cost more than the dot products themselves.
     Inductor's own layout prim (``prims.inductor_force_stride_order``,
     registered once Inductor is loaded) stores its input; eager, and under a
-    backend without that prim, ``x`` is returned as it is."""
-    if not torch.compiler.is_compiling():
+    backend without that prim, ``x`` is returned as it is. Whether this
+    thread traces is ``tracing()``'s answer (``torch.compiler.is_compiling()``
+    is one flag for the process: an eager call in another thread while one
+    compiles would copy ``x`` for nothing)."""
+    if not tracing():
         return x
     force = getattr(torch.ops.prims, "inductor_force_stride_order", None)
     return x if force is None else force(x, x.stride())

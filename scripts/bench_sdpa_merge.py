@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                 _use(path)
                 timing = timer.time(lambda path=path: call(path), args.repeats)
                 best[path] = min(best.get(path, timing), timing, key=lambda t: t.median_ms)
-        useful = 4.0 * DIM * nnz(plan_parts(HEADS, SEGMENTS, RATES, "longnet"), HEADS, n, False)
+        useful = 4.0 * DIM * nnz(parts, HEADS, n, False)
         for path in PATHS:
             diff = diffs[path]
             cols = timing_columns(best[path], n, useful)

@@ -183,3 +183,20 @@ def test_block_sparse_index_set_traced_for_any_cache_length_is_the_same_keys(spe
             assert torch.equal(got.expand(heads, -1), want.expand(heads, -1)), (slots, b)
     assert counter.frame_count == 2
     torch._dynamo.reset()
+
+
+def test_a_pattern_built_while_tracing_is_not_handed_to_a_later_eager_call():
+    """Dynamo calls decode's block bound while it traces, and the bound rebuilds the pattern from its
+    template there, without op arguments. Cached, that pattern reached the next eager call of the same
+    pattern ("was built inside torch.compile"): a compiled decode step broke eager calls after it."""
+    from dilcompile.block_sparse.decode_gather import block_bound
+    from dilcompile.patterns import local_window
+    from dilcompile.patterns.spec import from_template, template
+
+    structure, numbers = template(local_window(window=13))
+    numbers = tuple(numbers)  # numbers no other test builds
+    torch._dynamo.reset()
+    torch.compile(lambda x: x + block_bound(structure, numbers, True, 2, 64, 4), backend="eager",
+                  fullgraph=True)(torch.zeros(2))
+    assert from_template(structure, numbers)._structure == structure
+    torch._dynamo.reset()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 
+from ..tracing import tracing
 from .adaptive import adaptive
 from .base import Pattern
 from .combinators import causal, intersection, union
@@ -111,7 +112,16 @@ def _bad(spec):
     raise ValueError(f"pattern spec {spec!r} must be a pattern name or call, e.g. 'local_window(window=256)'")
 
 
-@functools.lru_cache(maxsize=256)
 def from_template(structure: str, numbers: tuple) -> Pattern:
-    """Inverse of :func:`template` (cached)."""
+    """Inverse of :func:`template` (cached). Built while this thread traces (a
+    function Dynamo calls for a constant, such as decode's block bound), a
+    pattern has no op arguments (``Pattern._finish``): it is not cached, or an
+    eager op rebuilding the same pattern later would be handed it."""
+    if tracing():
+        return _from_template.__wrapped__(structure, numbers)
+    return _from_template(structure, numbers)
+
+
+@functools.lru_cache(maxsize=256)
+def _from_template(structure: str, numbers: tuple) -> Pattern:
     return _value(ast.parse(structure, mode="eval").body, list(numbers))
