@@ -229,8 +229,9 @@ def is_tile(df: pd.DataFrame) -> pd.Series:
 
 
 def attention_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs of attention variants: ``df`` without the tile-tuning rows."""
-    return df[~is_tile(df)] if not df.empty else df
+    """The runs of attention variants: ``df`` without the tile-tuning rows and the
+    serving rows (each of those is a whole model's ``generate``, shown on the Serving page)."""
+    return df[~is_tile(df) & ~is_serving(df)] if not df.empty else df
 
 
 def _rel_err(config) -> float:
@@ -268,3 +269,91 @@ def tile_table(df: pd.DataFrame) -> pd.DataFrame:
     out["vs_launcher"] = out["best_ms"] / launcher.groupby([out[k] for k in TILE_KEY], dropna=False).transform("min")
     out["winner"] = ~out.duplicated(TILE_KEY)  # first row of its (sorted) group
     return out.reset_index(drop=True)[cols]
+
+
+SERVING_VARIANT = "hf-static-decode"  # scripts/bench_hf_serving.py: one row per (case, attention) of a sweep
+SERVING_KEY = ["device", "dtype", "model", "context", "batch"]
+SERVING_COLUMNS = SERVING_KEY + ["attention", "decode_tokens_per_s", "decode_vs_sdpa", "prefill_ms", "prefill_vs_sdpa",
+                                 "prefill_peak_mb", "decode_mb_per_step", "tokens_equal_eager", "commit", "tag",
+                                 "started_at", "sweep_id"]
+SERVING_BASELINE = "sdpa"
+
+
+def is_serving(df: pd.DataFrame) -> pd.Series:
+    """Rows of ``scripts/bench_hf_serving.py``: a Hugging Face model's static-cache decode."""
+    return df["variant"].fillna("").astype(str).eq(SERVING_VARIANT)
+
+
+def _doc(config) -> dict:
+    try:
+        doc = json.loads(config) if isinstance(config, str) and config else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _number(docs: pd.Series, key: str) -> pd.Series:
+    return pd.to_numeric(docs.map(lambda d: d.get(key)), errors="coerce")
+
+
+def _serving_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The serving rows of ``df`` with their case read out of ``config``: the model
+    (its name, else layers×hidden), the prompt's context (else the cache length less the new tokens)."""
+    rows = df[is_serving(df)] if not df.empty else df
+    docs = rows["config"].map(_doc) if not rows.empty else pd.Series(dtype=object)
+    model = docs.map(lambda d: d.get("model") or f"{d.get('layers')}×{d.get('hidden')}")
+    context = _number(docs, "context").fillna(pd.to_numeric(rows.get("seq_len"), errors="coerce")
+                                              - _number(docs, "new"))
+    return rows.assign(model=model, context=context.astype("Int64"), attention=rows.get("impl"), docs=docs)
+
+
+def serving_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (device, dtype, model, context, batch) and attention, its latest ok row:
+    decode tokens/s, prefill ms, prefill peak and what a decode step allocates
+    (MB), whether the greedy tokens equalled eager generation, and the ratios to
+    sdpa's row **of the same sweep** — a sweep interleaves its attentions, so a
+    ratio comes from one run (``decode_vs_sdpa`` above 1 decodes faster,
+    ``prefill_vs_sdpa`` below 1 prefills faster; blank where that sweep has no ok
+    sdpa row). Ordered by case, sdpa first."""
+    rows = _serving_rows(df)
+    rows = rows[rows["status"] == "ok"] if not rows.empty else rows
+    if rows.empty:
+        return pd.DataFrame(columns=SERVING_COLUMNS)
+    docs = rows["docs"]
+    table = pd.DataFrame({
+        **{k: rows[k] for k in SERVING_KEY + ["attention", "tag", "started_at", "sweep_id"]},
+        "decode_tokens_per_s": pd.to_numeric(rows["tokens_per_s"], errors="coerce"),
+        "prefill_ms": _number(docs, "prefill_ms"), "prefill_peak_mb": _number(docs, "prefill_peak_mb"),
+        "decode_mb_per_step": _number(docs, "decode_alloc_mb_per_step"),
+        "tokens_equal_eager": docs.map(lambda d: d.get("same_tokens_as_eager")),
+        "commit": rows["git_sha"].map(lambda v: v[:7] if isinstance(v, str) else None),
+    })
+    in_sweep = ["sweep_id"] + SERVING_KEY
+    base = (table[table["attention"] == SERVING_BASELINE].sort_values("started_at", kind="stable")
+            .drop_duplicates(in_sweep, keep="last")[in_sweep + ["decode_tokens_per_s", "prefill_ms"]])
+    table = table.merge(base, on=in_sweep, how="left", suffixes=("", "_base"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["decode_vs_sdpa"] = table["decode_tokens_per_s"] / table["decode_tokens_per_s_base"]
+        table["prefill_vs_sdpa"] = table["prefill_ms"] / table["prefill_ms_base"]
+    for col in ("decode_vs_sdpa", "prefill_vs_sdpa"):  # a 0 or missing baseline gives no ratio
+        table[col] = table[col].where(np.isfinite(table[col].astype(float)))
+    table = table.sort_values("started_at", kind="stable").groupby(SERVING_KEY + ["attention"], dropna=False,
+                                                                   sort=False).tail(1)
+    order = table["attention"].ne(SERVING_BASELINE)  # sdpa first in each case
+    table = table.assign(_order=order).sort_values(SERVING_KEY + ["_order", "attention"], kind="stable")
+    return table.reset_index(drop=True)[SERVING_COLUMNS]
+
+
+def serving_failures(df: pd.DataFrame) -> pd.DataFrame:
+    """The serving cases whose latest row for an attention failed (FlexAttention on
+    CPU, say): the case, the attention, the first line of the error, commit and time."""
+    cols = SERVING_KEY + ["attention", "error", "commit", "started_at"]
+    rows = _serving_rows(df)
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    last = rows.sort_values("started_at", kind="stable").groupby(SERVING_KEY + ["attention"], dropna=False,
+                                                                 sort=False).tail(1)
+    failed = last[last["status"] != "ok"]
+    return failed.assign(error=failed["error"].map(lambda e: str(e).splitlines()[0] if isinstance(e, str) else ""),
+                         commit=failed["git_sha"].map(lambda v: v[:7] if isinstance(v, str) else None)
+                         ).sort_values(SERVING_KEY + ["attention"], kind="stable").reset_index(drop=True)[cols]

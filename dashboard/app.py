@@ -49,6 +49,7 @@ st.set_page_config(page_title="dilcompile runs", page_icon=_favicon(), layout="w
 PAGES = [
     st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True),
     st.Page("views/compare.py", title="Compare", icon=":material/show_chart:"),
+    st.Page("views/serving.py", title="Serving", icon=":material/speed:"),
     st.Page("views/run.py", title="Run", icon=":material/search:"),
     st.Page("views/patterns.py", title="Patterns", icon=":material/grid_on:"),
     st.Page("views/tuning.py", title="Kernel tuning", icon=":material/tune:"),

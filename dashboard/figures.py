@@ -325,3 +325,39 @@ def density_bar(densities, title: str = "density per head") -> go.Figure:
                       xaxis_dtick=1,
                       yaxis_tickformat=".1%", margin={"t": 50})
     return fig
+
+
+def serving_figure(table: pd.DataFrame, column: str, title: str, baseline: bool = True) -> go.Figure:
+    """``column`` of ``analysis.serving_table`` against the context (log axes), one
+    line per attention and batch, one panel per model. ``baseline``: ``column`` is a
+    ratio to sdpa — sdpa's own rows (all 1) leave, and a dashed line marks 1."""
+    values = pd.to_numeric(table[column], errors="coerce") if column in table else pd.Series(dtype=float)
+    data = table[values.gt(0) & values.lt(1e300) & table["context"].notna()] if column in table else table
+    if baseline:
+        data = data[data["attention"] != "sdpa"]
+    if data.empty:
+        return empty_figure(f"no serving rows with {title} in this selection")
+    line = data["attention"].astype(str) + " · B=" + data["batch"].astype(str)
+    for dim in ("device", "dtype"):  # named only where the selection holds several
+        if data[dim].nunique(dropna=False) > 1:
+            line = line + " · " + data[dim].astype(str)
+    data = _plain_text(data.assign(line=line.map(plain), context=data["context"].astype(int)),
+                       ["model", "commit", "tag"]).sort_values(["line", "context"])
+    panels = data["model"].nunique() > 1
+    fig = px.line(data, x="context", y=column, color="line", facet_col="model" if panels else None, markers=True,
+                  log_x=True, log_y=True, hover_data=["model", "commit", "tag"], template=TEMPLATE,
+                  labels={"context": "context (prompt tokens)", column: title, "line": "attention"})
+    fig.for_each_annotation(lambda a: a.update(text="model " + a.text.split("=", 1)[-1]))
+    lengths = sorted(data["context"].unique())
+    if len(lengths) <= 10:
+        fig.update_xaxes(tickvals=lengths, ticktext=[_short(int(n)) for n in lengths])
+    lo, hi = float(data[column].min()), float(data[column].max())
+    if baseline:
+        lo, hi = min(lo, 1.0), max(hi, 1.0)
+        fig.add_hline(y=1, line_dash="dash", line_color="gray", annotation_text="sdpa",
+                      annotation_position="bottom right")
+    ticks = log_ticks(lo / 1.5, hi * 1.5)
+    if len(ticks) >= 2:
+        fig.update_yaxes(tickvals=ticks, ticktext=tick_labels(ticks))
+    fig.update_layout(height=420, legend=_legend(data["line"].nunique()), margin={"t": 40})
+    return fig

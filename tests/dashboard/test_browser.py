@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("DILCOMPILE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-PAGES = ["Overview", "Compare", "Run", "Patterns", "Regressions", "SQL"]
+PAGES = ["Overview", "Compare", "Serving", "Run", "Patterns", "Regressions", "SQL"]
 # One browser at a time under pytest-xdist: two Chromiums and their servers on two cores would only
 # make each wait longer for its pages.
 pytestmark = pytest.mark.xdist_group("browser")
