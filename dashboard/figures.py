@@ -13,7 +13,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .analysis import METRICS
+from .analysis import METRICS, SERVING_BASELINE
 
 TEMPLATE = "plotly_white"
 
@@ -331,10 +331,10 @@ def serving_figure(table: pd.DataFrame, column: str, title: str, baseline: bool 
     """``column`` of ``analysis.serving_table`` against the context (log axes), one
     line per attention and batch, one panel per model. ``baseline``: ``column`` is a
     ratio to sdpa — sdpa's own rows (all 1) leave, and a dashed line marks 1."""
-    values = pd.to_numeric(table[column], errors="coerce") if column in table else pd.Series(dtype=float)
-    data = table[values.gt(0) & values.lt(1e300) & table["context"].notna()] if column in table else table
+    values = pd.to_numeric(table[column], errors="coerce")  # log axes: a 0, NULL or inf has no place
+    data = table[values.gt(0) & values.lt(1e300) & table["context"].notna()]
     if baseline:
-        data = data[data["attention"] != "sdpa"]
+        data = data[data["attention"] != SERVING_BASELINE]
     if data.empty:
         return empty_figure(f"no serving rows with {title} in this selection")
     line = data["attention"].astype(str) + " · B=" + data["batch"].astype(str)
@@ -354,7 +354,7 @@ def serving_figure(table: pd.DataFrame, column: str, title: str, baseline: bool 
     lo, hi = float(data[column].min()), float(data[column].max())
     if baseline:
         lo, hi = min(lo, 1.0), max(hi, 1.0)
-        fig.add_hline(y=1, line_dash="dash", line_color="gray", annotation_text="sdpa",
+        fig.add_hline(y=1, line_dash="dash", line_color="gray", annotation_text=SERVING_BASELINE,
                       annotation_position="bottom right")
     ticks = log_ticks(lo / 1.5, hi * 1.5)
     if len(ticks) >= 2:

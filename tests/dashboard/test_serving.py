@@ -104,3 +104,20 @@ def test_page_without_serving_rows_says_how_to_record_them(sweep_db, dashboard_e
     dashboard_env(sweep_db)
     at = open_page("serving")
     assert not at.get("plotly_chart") and any("bench_hf_serving.py" in i.value for i in at.info)
+
+
+def test_figure_draws_a_line_per_attention_and_batch_and_marks_sdpa():
+    from dashboard import figures
+
+    runs = pd.DataFrame([_row("a", i, attention, speed, context=context, batch=batch)
+                         for i, (attention, speed, context, batch) in enumerate([
+                             ("sdpa", 100.0, 1024, 1), ("<b>ours</b>", 150.0, 1024, 1),
+                             ("sdpa", 50.0, 4096, 1), ("<b>ours</b>", 200.0, 4096, 1),
+                             ("sdpa", 80.0, 1024, 4), ("<b>ours</b>", 40.0, 1024, 4)])])
+    table = analysis.serving_table(runs)
+    fig = figures.serving_figure(table, "decode_vs_sdpa", "decode ÷ sdpa")
+    lines = {trace.name: list(trace.y) for trace in fig.data}
+    assert lines == {"&lt;b&gt;ours&lt;/b&gt; · B=1": [1.5, 4.0], "&lt;b&gt;ours&lt;/b&gt; · B=4": [0.5]}  # stored text
+    assert [shape.y0 for shape in fig.layout.shapes] == [1]  # sdpa's line
+    absolute = figures.serving_figure(table, "decode_tokens_per_s", "decode tokens/s", baseline=False)
+    assert {trace.name for trace in absolute.data} >= {"sdpa · B=1", "sdpa · B=4"} and not absolute.layout.shapes
