@@ -7,6 +7,7 @@ docs/performance.md ("impl="sdpa"").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -163,6 +164,34 @@ def _grouping(view: Tensor) -> tuple[int, ...]:
     return HEADS_OUTER
 
 
+# Past this many positions a call runs chunk by chunk (``chunks``). A part never reaches across a
+# segment, and a chunk is a whole number of every part's segments, so a chunk's rows depend on its
+# own positions only: the same result (bitwise on the CPU), while what the call holds besides q, k,
+# v, out and lse — the merge's pieces, the fp32 accumulators and gradients, each of size N·H·D —
+# is of a chunk's size. At or below it nothing changes: every length a GPU has measured (≤ 1M).
+CHUNK_POSITIONS = 1 << 20
+
+
+def chunks(n: int, parts: tuple[Part, ...], limit: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of the chunks a call over N = n positions runs in: one when
+    n ≤ ``limit`` (``CHUNK_POSITIONS``), else as many positions each as the
+    largest multiple of every part's segment length that is ≤ limit (at least
+    one such multiple), the last chunk the rest."""
+    limit = CHUNK_POSITIONS if limit is None else limit
+    if n <= limit:
+        return [(0, n)]
+    period = math.lcm(*(part.segment for part in parts))
+    step = max(period, limit // period * period)
+    return [(start, min(start + step, n)) for start in range(0, n, step)]
+
+
+def _rows(x: Tensor | None, start: int, end: int) -> Tensor | None:
+    """Positions [start, end) of a (B, H, N, …) tensor, or of a (B, N) key mask: a view."""
+    if x is None:
+        return None
+    return x[:, start:end] if x.dim() == 2 else x[:, :, start:end]
+
+
 def dilated_forward(
     q: Tensor, k: Tensor, v: Tensor, parts: tuple[Part, ...], causal: bool, scale: float,
     key_mask: Tensor | None = None, one_merge: bool | None = None, share_calls: bool = True,
@@ -172,7 +201,24 @@ def dilated_forward(
     Rows no part covers (or whose keys are all removed) get out 0, lse −inf.
     ``one_merge``: merge every piece in one Triton kernel (True) or piece by
     piece into an fp32 buffer (False); None: where ``merges_in_one_kernel``.
-    ``share_calls``: neighbouring parts share a kernel call where ``plan_calls`` allows."""
+    ``share_calls``: neighbouring parts share a kernel call where ``plan_calls`` allows.
+    Past ``CHUNK_POSITIONS`` positions, chunk by chunk (``chunks``)."""
+    spans = chunks(q.shape[2], parts)
+    if len(spans) == 1:
+        return _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls)
+    out = lse = None
+    for start, end in spans:
+        part_out, part_lse = _forward(*(_rows(x, start, end) for x in (q, k, v)), parts, causal, scale,
+                                      _rows(key_mask, start, end), one_merge, share_calls)
+        if out is None:
+            out, lse = q.new_empty(q.shape), part_lse.new_empty(q.shape[:-1])
+        out[:, :, start:end] = part_out
+        lse[:, :, start:end] = part_lse
+    return out, lse
+
+
+def _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls):
+    """``dilated_forward`` over all of q's positions at once."""
     if merges_in_one_kernel(q) if one_merge is None else one_merge:
         return _forward_merged_once(q, k, v, parts, causal, scale, key_mask, share_calls)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
@@ -230,13 +276,27 @@ def dilated_backward(
     scale: float,
     key_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``."""
-    acc = accumulator_dtype(q.dtype)
-    grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
+    """Gradients of ``dilated_forward`` given the merged ``out`` and ``lse``; past
+    ``CHUNK_POSITIONS`` positions chunk by chunk, as the forward."""
     # A zero lse gradient adds nothing: skip its two extra calls per part where asking is free. On
     # CUDA the answer is a host sync (the backward would wait for the GPU); there the term is computed.
     if grad_lse is not None and grad_lse.device.type == "cpu" and not grad_lse.any():
         grad_lse = None
+    spans = chunks(q.shape[2], parts)
+    if len(spans) == 1:
+        return _backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_mask)
+    grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+    for start, end in spans:
+        rows = (_rows(x, start, end) for x in (grad_out, grad_lse, q, k, v, out, lse))
+        for grad, part in zip(grads, _backward(*rows, parts, causal, scale, _rows(key_mask, start, end))):
+            grad[:, :, start:end] = part
+    return grads
+
+
+def _backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_mask):
+    """``dilated_backward`` over all of q's positions at once."""
+    acc = accumulator_dtype(q.dtype)
+    grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
     tensors = (grad_out, q, k, v, out, lse, *grads)
     if grad_lse is not None:
         tensors += (grad_lse,)
