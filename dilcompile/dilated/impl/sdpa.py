@@ -174,9 +174,9 @@ CHUNK_POSITIONS = 1 << 20
 
 def chunks(n: int, parts: tuple[Part, ...], limit: int | None = None) -> list[tuple[int, int]]:
     """[start, end) of the chunks a call over N = n positions runs in: one when
-    n ≤ ``limit`` (``CHUNK_POSITIONS``), else as many positions each as the
-    largest multiple of every part's segment length that is ≤ limit (at least
-    one such multiple), the last chunk the rest."""
+    n ≤ ``limit`` (``CHUNK_POSITIONS``), else chunks of the largest multiple
+    of the segment lengths' least common multiple that is ≤ limit (that
+    common multiple itself when it exceeds limit), the last chunk the rest."""
     limit = CHUNK_POSITIONS if limit is None else limit
     if n <= limit:
         return [(0, n)]
@@ -208,12 +208,12 @@ def dilated_forward(
         return _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls)
     out = lse = None
     for start, end in spans:
-        part_out, part_lse = _forward(*(_rows(x, start, end) for x in (q, k, v)), parts, causal, scale,
-                                      _rows(key_mask, start, end), one_merge, share_calls)
+        piece_out, piece_lse = _forward(*(_rows(x, start, end) for x in (q, k, v)), parts, causal, scale,
+                                        _rows(key_mask, start, end), one_merge, share_calls)
         if out is None:
-            out, lse = q.new_empty(q.shape), part_lse.new_empty(q.shape[:-1])
-        out[:, :, start:end] = part_out
-        lse[:, :, start:end] = part_lse
+            out, lse = q.new_empty(q.shape), piece_lse.new_empty(q.shape[:-1])
+        out[:, :, start:end] = piece_out
+        lse[:, :, start:end] = piece_lse
     return out, lse
 
 
@@ -288,8 +288,8 @@ def dilated_backward(
     grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
     for start, end in spans:
         rows = (_rows(x, start, end) for x in (grad_out, grad_lse, q, k, v, out, lse))
-        for grad, part in zip(grads, _backward(*rows, parts, causal, scale, _rows(key_mask, start, end))):
-            grad[:, :, start:end] = part
+        for grad, piece in zip(grads, _backward(*rows, parts, causal, scale, _rows(key_mask, start, end))):
+            grad[:, :, start:end] = piece
     return grads
 
 
