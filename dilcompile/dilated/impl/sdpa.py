@@ -206,25 +206,34 @@ def dilated_forward(
     spans = chunks(q.shape[2], parts)
     if len(spans) == 1:
         return _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls)
-    out = lse = None
+    out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
     for start, end in spans:
-        piece_out, piece_lse = _forward(*(_rows(x, start, end) for x in (q, k, v)), parts, causal, scale,
-                                        _rows(key_mask, start, end), one_merge, share_calls)
-        if out is None:
-            out, lse = q.new_empty(q.shape), piece_lse.new_empty(q.shape[:-1])
-        out[:, :, start:end] = piece_out
-        lse[:, :, start:end] = piece_lse
+        into = (_rows(out, start, end), _rows(lse, start, end))
+        pieces = _forward(*(_rows(x, start, end) for x in (q, k, v)), parts, causal, scale,
+                          _rows(key_mask, start, end), one_merge, share_calls, into)
+        for result, rows in zip(pieces, into):
+            if result is not rows:  # not written in place
+                rows.copy_(result)
     return out, lse
 
 
-def _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls):
-    """``dilated_forward`` over all of q's positions at once."""
+def _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls, into=None):
+    """``dilated_forward`` over all of q's positions at once. ``into``: (out,
+    lse) to accumulate in where their dtypes are the buffers' (a chunk's rows of
+    the whole result), returned then; else new tensors."""
     if merges_in_one_kernel(q) if one_merge is None else one_merge:
         return _forward_merged_once(q, k, v, parts, causal, scale, key_mask, share_calls)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
     merges = any(p.layer for p in parts)
-    out = torch.zeros(q.shape, dtype=accumulator_dtype(q.dtype) if merges else q.dtype, device=q.device)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
+    dtype = accumulator_dtype(q.dtype) if merges else q.dtype
+    if into is not None and into[0].dtype == dtype:
+        out = into[0].zero_()
+    else:
+        out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    if into is not None:
+        lse = into[1].fill_(float("-inf"))
+    else:
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)  # (B, H, N)
     for call in _plan(q, parts, share_calls):
         order = call.order(q)
         call_out, call_lse = attention_forward(*(call.flatten(x, order, dense=True) for x in (q, k, v)), causal,
@@ -287,16 +296,23 @@ def dilated_backward(
         return _backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_mask)
     grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
     for start, end in spans:
+        into = tuple(_rows(grad, start, end) for grad in grads)
         rows = (_rows(x, start, end) for x in (grad_out, grad_lse, q, k, v, out, lse))
-        for grad, piece in zip(grads, _backward(*rows, parts, causal, scale, _rows(key_mask, start, end))):
-            grad[:, :, start:end] = piece
+        for result, dest in zip(_backward(*rows, parts, causal, scale, _rows(key_mask, start, end), into), into):
+            if result is not dest:  # not accumulated in place
+                dest.copy_(result)
     return grads
 
 
-def _backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_mask):
-    """``dilated_backward`` over all of q's positions at once."""
+def _backward(grad_out, grad_lse, q, k, v, out, lse, parts, causal, scale, key_mask, into=None):
+    """``dilated_backward`` over all of q's positions at once. ``into``: (dq, dk,
+    dv) to accumulate in where q's dtype is the accumulators' (a chunk's rows
+    of the whole gradients), returned then; else new tensors."""
     acc = accumulator_dtype(q.dtype)
-    grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
+    if into is not None and q.dtype == acc:
+        grads = [grad.zero_() for grad in into]
+    else:
+        grads = [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(3)]
     tensors = (grad_out, q, k, v, out, lse, *grads)
     if grad_lse is not None:
         tensors += (grad_lse,)
