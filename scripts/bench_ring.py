@@ -42,6 +42,7 @@ import os
 import socket
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -138,8 +139,16 @@ def store_row(row: dict, warmup: int) -> dict:
 
 def leave() -> None:
     """Tear the group down on every rank together: a gloo rank that destroys its group while a
-    peer is still busy (rank 0 closing the store) can abort in C++ ("terminate called")."""
+    peer is still busy (rank 0 closing the store) can abort in C++ ("terminate called"). A gloo
+    barrier is not enough: a rank can leave it before its last message has reached a peer still
+    inside it, and tearing its context down then fails that peer (pytorch/gloo#155; rank 1
+    aborted so once more in a full suite run after the barrier was added). So each rank also
+    says it has left the barrier through the rendezvous store, which no rank's teardown
+    closes, and destroys the group only once all have."""
     dist.barrier()
+    store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
+    store.set(f"bench_ring/left/{rank}", "1")
+    store.wait([f"bench_ring/left/{r}" for r in range(world)], timedelta(minutes=5))
     dist.destroy_process_group()
 
 
