@@ -1,11 +1,11 @@
 """impl="sdpa" past ``CHUNK_POSITIONS`` positions runs chunk by chunk (``impl/sdpa.chunks``): the
 same forward and gradients as one call over every position (bitwise on the CPU; and the float64
-reference), while what it holds besides q, k, v, out and lse is of a chunk's size. The limit is
-set low here; at its default (2^20 positions) the chunks are what long sequences get."""
+reference), while what it holds besides q, k, v, out and lse is of a chunk's size. Threshold and
+chunk size are set low here; at their defaults (past 2^20 positions, chunks of 2^18) the chunks are
+what long sequences get."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -51,6 +51,7 @@ def test_chunked_call_equals_one_call_and_the_reference(seed, dtype, monkeypatch
     case = _random_case(seed)
     whole = _run(case, dtype, seed)
     monkeypatch.setattr(sdpa, "CHUNK_POSITIONS", case["limit"])
+    monkeypatch.setattr(sdpa, "CHUNK_SIZE", case["limit"])
     parts = op_parts(case["heads"], tuple(case["segments"]), tuple(case["rates"]), case["mode"])
     spans = sdpa.chunks(case["n"], parts)
     assert len(spans) > 1, case  # the case exercises chunks
@@ -65,15 +66,14 @@ def test_chunked_call_equals_one_call_and_the_reference(seed, dtype, monkeypatch
 
 def test_chunks_are_whole_segments_of_every_branch():
     parts = op_parts(8, (2048, 4096, 8192), (1, 2, 4), "longnet")
-    assert sdpa.chunks(1 << 20, parts) == [(0, 1 << 20)]  # at the limit: one call, as before
-    spans = sdpa.chunks(3 * (1 << 20) + 5, parts)
-    assert spans[0] == (0, 1 << 20) and spans[-1][1] == 3 * (1 << 20) + 5 and len(spans) == 4
+    assert sdpa.chunks(1 << 20, parts) == [(0, 1 << 20)]  # at the threshold: one call, as before
+    spans = sdpa.chunks(3 * (1 << 20) + 5, parts)  # past it: chunks of CHUNK_SIZE
+    assert spans[0] == (0, 1 << 18) and spans[-1] == (3 * (1 << 20), 3 * (1 << 20) + 5) and len(spans) == 13
     assert all(end == nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
-    assert sdpa.chunks(100, op_parts(2, (6, 4), (1, 2), "longnet"), limit=30) == [(0, 24), (24, 48), (48, 72),
-                                                                                    (72, 96), (96, 100)]
-    assert sdpa.chunks(100, op_parts(2, (48, 64), (1, 2), "longnet"), limit=30) == [(0, 100)]  # lcm 192 > N
-    assert math.lcm(6, 4) == 12 and sdpa.chunks(50, op_parts(2, (6, 4), (1, 2), "longnet"), limit=11) == [
-        (0, 12), (12, 24), (24, 36), (36, 48), (48, 50)]  # a chunk is at least one period
+    small = op_parts(2, (6, 4), (1, 2), "longnet")  # segments' least common multiple: 12
+    assert sdpa.chunks(100, small, limit=30, size=30) == [(0, 24), (24, 48), (48, 72), (72, 96), (96, 100)]
+    assert sdpa.chunks(50, small, limit=11, size=11) == [(0, 12), (12, 24), (24, 36), (36, 48), (48, 50)]
+    assert sdpa.chunks(100, op_parts(2, (48, 64), (1, 2), "longnet"), limit=30, size=30) == [(0, 100)]  # 192 > N
 
 
 def test_a_chunked_forward_holds_a_chunk_besides_its_result(monkeypatch):
@@ -87,6 +87,7 @@ def test_a_chunked_forward_holds_a_chunk_besides_its_result(monkeypatch):
     result = batch * heads * n * (dim + 1) * 4  # out and lse, float32
     whole = peak_bytes(forward, "cpu") - result
     monkeypatch.setattr(sdpa, "CHUNK_POSITIONS", n // 8)
+    monkeypatch.setattr(sdpa, "CHUNK_SIZE", n // 8)
     chunked = peak_bytes(forward, "cpu") - result
     assert whole >= batch * heads * n * dim * 4  # one call holds buffers of the size of out
     assert chunked <= 2 * whole / 8, (chunked, whole)  # two chunks' worth at most (written in place), not N's

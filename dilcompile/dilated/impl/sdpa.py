@@ -164,24 +164,30 @@ def _grouping(view: Tensor) -> tuple[int, ...]:
     return HEADS_OUTER
 
 
-# Past this many positions a call runs chunk by chunk (``chunks``). A part never reaches across a
-# segment, and a chunk is a whole number of every part's segments, so a chunk's rows depend on its
-# own positions only: the same result (bitwise on the CPU), while what the call holds besides q, k,
-# v, out and lse — the merge's pieces, the fp32 accumulators and gradients, each of size N·H·D —
-# is of a chunk's size. At or below it nothing changes: every length a GPU has measured (≤ 1M).
+# Past CHUNK_POSITIONS positions a call runs chunk by chunk (``chunks``), CHUNK_SIZE positions each. A
+# part never reaches across a segment, and a chunk is a whole number of every part's segments, so a
+# chunk's rows depend on its own positions only: the same result (bitwise on the CPU), while what the
+# call holds besides q, k, v, out and lse — the merge's pieces, the fp32 accumulators and gradients,
+# each of size N·H·D — is of a chunk's size. At or below the threshold nothing changes: every length a
+# GPU has measured (≤ 1M). A quarter of it per chunk keeps a 4M forward (H 16, D 128, bf16) about
+# 2 GiB above q, k, v and out on a GPU, for a few more launches a call.
 CHUNK_POSITIONS = 1 << 20
+CHUNK_SIZE = 1 << 18
 
 
-def chunks(n: int, parts: tuple[Part, ...], limit: int | None = None) -> list[tuple[int, int]]:
+def chunks(n: int, parts: tuple[Part, ...], limit: int | None = None, size: int | None = None
+           ) -> list[tuple[int, int]]:
     """[start, end) of the chunks a call over N = n positions runs in: one when
     n ≤ ``limit`` (``CHUNK_POSITIONS``), else chunks of the largest multiple
-    of the segment lengths' least common multiple that is ≤ limit (that
-    common multiple itself when it exceeds limit), the last chunk the rest."""
+    of the segment lengths' least common multiple that is ≤ ``size``
+    (``CHUNK_SIZE``; that common multiple itself when it exceeds size), the
+    last chunk the rest."""
     limit = CHUNK_POSITIONS if limit is None else limit
+    size = CHUNK_SIZE if size is None else size
     if n <= limit:
         return [(0, n)]
     period = math.lcm(*(part.segment for part in parts))
-    step = max(period, limit // period * period)
+    step = max(period, size // period * period)
     return [(start, min(start + step, n)) for start in range(0, n, step)]
 
 
