@@ -91,3 +91,30 @@ def test_a_chunked_forward_holds_a_chunk_besides_its_result(monkeypatch):
     chunked = peak_bytes(forward, "cpu") - result
     assert whole >= batch * heads * n * dim * 4  # one call holds buffers of the size of out
     assert chunked <= 2 * whole / 8, (chunked, whole)  # two chunks' worth at most (written in place), not N's
+
+
+def test_chunked_ops_pass_opcheck_and_compile_fullgraph(monkeypatch):
+    # the chunked results are built differently (filled chunk by chunk): their shapes, dtypes and strides
+    # must still be what the ops' fake rules say, and a compiled call must equal the eager one
+    monkeypatch.setattr(sdpa, "CHUNK_POSITIONS", 64)
+    monkeypatch.setattr(sdpa, "CHUNK_SIZE", 64)
+    q, k, v = random_qkv(1, 4, 200, 8, dtype=torch.float32, requires_grad=True, seed=3)
+    mask = torch.rand(1, 200, generator=torch.Generator().manual_seed(3)) < 0.2
+    args = (q, k, v, [16, 32], [1, 2], "longnet", True, 0.25, mask)
+    assert len(sdpa.chunks(200, op_parts(4, (16, 32), (1, 2), "longnet"))) == 4
+    torch.library.opcheck(torch.ops.dilcompile.dilated_fwd.default, args)
+    out, lse = torch.ops.dilcompile.dilated_fwd(*args)
+    bwd_args = (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out.detach(),
+                lse.detach(), [16, 32], [1, 2], "longnet", True, 0.25, mask)
+    torch.library.opcheck(torch.ops.dilcompile.dilated_bwd.default, bwd_args)
+
+    def attend(q, k, v):
+        return dilated_attention(q, k, v, segment_lengths=[16, 32], dilation_rates=[1, 2], causal=True, impl="sdpa",
+                                 key_mask=mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v), attend(q, k, v)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)),
+                                                 torch.autograd.grad(want.sum(), (q, k, v))))
