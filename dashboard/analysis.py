@@ -298,13 +298,16 @@ def _number(docs: pd.Series, key: str) -> pd.Series:
 
 def _serving_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The serving rows of ``df`` with their case read out of ``config``: the model
-    (its name, else layers×hidden), the prompt's context (else the cache length less the new tokens)."""
+    (its name, else layers×hidden), the prompt's context (else the cache length less the new tokens);
+    and the short commit."""
     rows = df[is_serving(df)] if not df.empty else df
     docs = rows["config"].map(_doc) if not rows.empty else pd.Series(dtype=object)
     model = docs.map(lambda d: d.get("model") or f"{d.get('layers')}×{d.get('hidden')}")
     context = _number(docs, "context").fillna(pd.to_numeric(rows.get("seq_len"), errors="coerce")
                                               - _number(docs, "new"))
-    return rows.assign(model=model, context=context.astype("Int64"), attention=rows.get("impl"), docs=docs)
+    commit = rows.get("git_sha", pd.Series(dtype=object)).map(lambda v: v[:7] if isinstance(v, str) else None)
+    return rows.assign(model=model, context=context.astype("Int64"), attention=rows.get("impl"), docs=docs,
+                       commit=commit)
 
 
 def serving_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -321,12 +324,11 @@ def serving_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=SERVING_COLUMNS)
     docs = rows["docs"]
     table = pd.DataFrame({
-        **{k: rows[k] for k in SERVING_KEY + ["attention", "tag", "started_at", "sweep_id"]},
+        **{k: rows[k] for k in SERVING_KEY + ["attention", "commit", "tag", "started_at", "sweep_id"]},
         "decode_tokens_per_s": pd.to_numeric(rows["tokens_per_s"], errors="coerce"),
         "prefill_ms": _number(docs, "prefill_ms"), "prefill_peak_mb": _number(docs, "prefill_peak_mb"),
         "decode_mb_per_step": _number(docs, "decode_alloc_mb_per_step"),
         "tokens_equal_eager": docs.map(lambda d: d.get("same_tokens_as_eager")),
-        "commit": rows["git_sha"].map(lambda v: v[:7] if isinstance(v, str) else None),
     })
     in_sweep = ["sweep_id"] + SERVING_KEY
     base = (table[table["attention"] == SERVING_BASELINE].sort_values("started_at", kind="stable")
@@ -354,6 +356,5 @@ def serving_failures(df: pd.DataFrame) -> pd.DataFrame:
     last = rows.sort_values("started_at", kind="stable").groupby(SERVING_KEY + ["attention"], dropna=False,
                                                                  sort=False).tail(1)
     failed = last[last["status"] != "ok"]
-    return failed.assign(error=failed["error"].map(lambda e: str(e).splitlines()[0] if isinstance(e, str) else ""),
-                         commit=failed["git_sha"].map(lambda v: v[:7] if isinstance(v, str) else None)
+    return failed.assign(error=failed["error"].map(lambda e: str(e).splitlines()[0] if isinstance(e, str) else "")
                          ).sort_values(SERVING_KEY + ["attention"], kind="stable").reset_index(drop=True)[cols]

@@ -225,8 +225,9 @@ def dilated_forward(
 
 def _forward(q, k, v, parts, causal, scale, key_mask, one_merge, share_calls, into=None):
     """``dilated_forward`` over all of q's positions at once. ``into``: (out,
-    lse) to accumulate in where their dtypes are the buffers' (a chunk's rows of
-    the whole result), returned then; else new tensors."""
+    lse), a chunk's rows of the whole result, for the piece-by-piece merge to
+    accumulate in where their dtypes are its buffers' (returned then); the
+    one-kernel merge, and other dtypes, return new tensors."""
     if merges_in_one_kernel(q) if one_merge is None else one_merge:
         return _forward_merged_once(q, k, v, parts, causal, scale, key_mask, share_calls)
     # plan_parts lists layer 0 first; its parts are disjoint, so it is written, not merged.
