@@ -15,12 +15,15 @@ current choice (equal up to the fp32 summation order). Candidate ``add`` is
 the launcher's choice with every launch adding into zero-filled buffers:
 the A/B of the first branch's launches overwriting unset buffers (OVERWRITE,
 ``work.overwrites``), which the launcher does where that branch reaches
-every row. Compiling takes most of the time: ``--prewarm J`` first compiles
+every row. Forward candidates ``half`` and ``cast``: the launcher's choice
+merging every branch straight into a bf16 output (``KernelConfig.half_out``),
+against that choice followed by the cast of its fp32 output that the
+launcher returns (what ``half`` saves). Compiling takes most of the time: ``--prewarm J`` first compiles
 every candidate in J processes at a small N with the same specialisations,
 which fill triton's cache for the timed run. A run store row per candidate
 and round (``--db``): variant ``triton-tile:<kernel>`` (fwd, dq, dkdv), impl
-the candidate's label (``launcher``, ``launcher/add`` or
-owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
+the candidate's label (``launcher``, ``launcher/add``, ``launcher/half``,
+``launcher/cast`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
 ``bwd``, config JSON with the round and the difference to the launcher's
 result; then a table of each candidate's best round.
 """
@@ -65,6 +68,9 @@ CANDIDATES = {
 }
 DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
 ADD = "add"  # the launcher's configuration, every launch adding into zeroed buffers (module doc)
+HALF = "half"  # forward: the launcher's configuration merging into an output of the inputs' dtype (half_out)
+CAST = "cast"  # forward: the launcher's configuration, its fp32 output then cast as the launcher returns it
+LAUNCHER = (None, ADD, HALF, CAST)  # the launcher's own tile, walk, warps and stages
 
 
 def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
@@ -79,9 +85,12 @@ def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
 
 def _launcher(kernel: str, config, t: dict, dim: int):
     """A function that runs ``kernel`` over every branch with ``config`` (None:
-    the launcher's own choice; ``ADD``: that choice, never overwriting) into
-    fresh fp32 buffers, unset where the first launch writes them whole as the
+    the launcher's own choice; ``ADD``: that choice, never overwriting; ``HALF``,
+    ``CAST``: see the module doc) into fresh fp32 buffers (HALF: the output in
+    the inputs' dtype), unset where the first launch writes them whole as the
     launcher's are, and returns them."""
+    from dataclasses import replace
+
     from dilcompile.dilated.impl import triton as launcher
     from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, launch_flags, overwrites
     from dilcompile.kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
@@ -98,8 +107,9 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     fn = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}[kernel]
 
     def meta(i, w, r):
-        if config is None or config == ADD:
+        if config in LAUNCHER:
             chosen = kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, False, q.dtype, arch, kernel))
+            chosen = replace(chosen, half_out=config == HALF)
         else:  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too
             owned, walk, warps, stages, *whole = config
             flag = {"atomic_dq" if kernel == "dkdv" else "full_blocks": bool(whole and whole[0])}
@@ -111,7 +121,8 @@ def _launcher(kernel: str, config, t: dict, dim: int):
 
     def run():
         fresh = launcher._unset if overwrite else launcher._zeros
-        outs = [fresh(q.shape, q.device) for _ in range(2 if kernel == "dkdv" else 1)]
+        outs = [fresh(q.shape, q.device, q.dtype if config == HALF else torch.float32)
+                for _ in range(2 if kernel == "dkdv" else 1)]
         if kernel == "dkdv":  # dq, which only atomic adds write: zeroed whatever the rest
             outs.append(launcher._zeros(q.shape, q.device))
         lse = fresh(q.shape[:-1], q.device)
@@ -124,19 +135,19 @@ def _launcher(kernel: str, config, t: dict, dim: int):
                 fn[grid](t["q"], t["k"], t["v"], outs[0], lse, *common, **m)
             else:
                 fn[grid](t["q"], t["k"], t["v"], t["do"], t["lse"], t["delta"], *outs, *common, **m)
-        return outs
+        return [outs[0].to(q.dtype)] if config == CAST else outs
 
     return run
 
 
 def _label(config, kernel: str) -> str:
-    """"launcher", "launcher/add" (``ADD``), or owned/walk/warps/stages, with "/whole" where the forward or
-    dq walks whole blocks unmasked and "/atomic" where dk/dv adds dq too (compare it with the best dq plus
-    dk/dv)."""
+    """"launcher", "launcher/add" (``ADD``, and so on for ``HALF``, ``CAST``), or owned/walk/warps/stages,
+    with "/whole" where the forward or dq walks whole blocks unmasked and "/atomic" where dk/dv adds dq too
+    (compare it with the best dq plus dk/dv)."""
     if config is None:
         return "launcher"
-    if config == ADD:
-        return "launcher/add"
+    if config in LAUNCHER:
+        return f"launcher/{config}"
     flag = ("/atomic" if kernel == "dkdv" else "/whole") if config[4:] and config[4] else ""
     return "/".join(map(str, config[:4])) + flag
 
@@ -149,7 +160,7 @@ def _useful_flops(kernel: str, n: int, heads: int, dim: int) -> float:
 
 def _jobs(dims):
     return [(dim, kernel, config) for dim in dims for kernel in ("fwd", "dq", "dkdv")
-            for config in [None, ADD] + CANDIDATES[dim][kernel]]
+            for config in [None, ADD] + ([HALF, CAST] if kernel == "fwd" else []) + CANDIDATES[dim][kernel]]
 
 
 def tile_row(kernel: str, label: str, n: int, heads: int, dim: int, dtype: str, round_: int, times_ms,

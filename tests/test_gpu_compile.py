@@ -6,10 +6,11 @@ Compiled: on sm_90 every (kernel, dtype, head dim, tile) the launcher can
 produce, with the heaviest flags (causal, key mask) and eager typing; with
 torch.compile's typing (scale fp64, integers i64) and on sm_80 and sm_100
 (when this triton targets it) the largest tile of each; the lighter flag
-pairs on sm_90 at head dims 64 and 128. Budgets: half precision spills
-nothing on sm_90 (but the configurations timed fastest on an H100 with spills, at most
-512 B) and at most 16 B elsewhere, fp32 at most 1 KB, shared memory within the
-device's limit, and only the entry cast of an fp64 scale is fp64."""
+pairs on sm_90 at head dims 64 and 128, and there the untimed candidates in
+bf16. Budgets: half precision spills nothing on sm_90 (but the configurations
+timed fastest on an H100 with spills, at most 512 B) and at most 16 B
+elsewhere, fp32 at most 1 KB, shared memory within the device's limit, and
+only the entry cast of an fp64 scale is fp64."""
 
 import json
 import os
@@ -63,6 +64,8 @@ def _configs() -> list[Config]:
                 if d in (64, 128) and dtype == "bf16":  # the candidates: whole blocks unmasked, dq by atomics
                     tile = 64 if kernel == "_dkdv_kernel" else tiles[0]  # 128 spilled 692 B with the atomics
                     out.append(Config(kernel, dtype, d, tile, 90, False, False, candidate=True))
+                    if kernel == "_fwd_kernel":  # and the output in bf16, with the heaviest flags
+                        out.append(Config(kernel, dtype, d, tile, 90, half_out=True))
     return out
 
 

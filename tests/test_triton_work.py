@@ -6,6 +6,7 @@ issued work is ≤ 1.1 × the useful work in every kernel."""
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -135,6 +136,22 @@ def test_prediction_is_a_roofline():
     assert predict_ms("fwd", 1, 16, n, 128, segments, rates, dtype="float32") > 10 * fwd
 
 
+def test_half_out_is_chosen_per_call_and_halves_the_forwards_output_traffic(monkeypatch):
+    # The output's dtype is one per call: a branch's smaller tile keeps the entry's half_out. The
+    # forward's compulsory bytes per row and branch: q, k, v read, O read and written, lse read and
+    # written — O in fp32, or (half_out) in the inputs' dtype.
+    n, heads, dim, segments, rates = 65536, 16, 128, (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8, 16)
+    fp32_out = kernel_work("fwd", 1, heads, n, dim, segments, rates)
+    entry = kernel_config("fwd", "bfloat16", dim, 90)
+    monkeypatch.setitem(work.CONFIGS, (90, "fwd", "bfloat16", 128), replace(entry, half_out=True))
+    assert kernel_config("fwd", "bfloat16", dim, 90, tile=32).half_out
+    half = kernel_work("fwd", 1, heads, n, dim, segments, rates)
+    rows = fp32_out.bytes / (3 * 2 * dim + 2 * 4 * dim + 2 * 4)
+    assert rows == sum(heads * n // r for r in rates)  # every head's class in every branch: N / r rows
+    assert half.bytes == rows * (3 * 2 * dim + 2 * 2 * dim + 2 * 4)
+    assert (half.pairs, half.flops) == (fp32_out.pairs, fp32_out.flops)
+
+
 @pytest.mark.parametrize("arch, dtype_bytes, head_dim, training, want", [
     (90, 2, 128, True, "triton"),   # measured: triton trains faster on the H100 at bf16, D = 128
     (90, 2, 128, False, "sdpa"),    # the forward alone: sdpa faster from 64K
@@ -191,6 +208,8 @@ def test_the_first_launch_overwrites_only_where_every_row_is_written():
      "atomic_dq is the dkdv kernel's"),
     (lambda: work.check_kernel_options({"dkdv": KernelConfig(32, 16, 4, 2, full_blocks=True)}), ValueError,
      "full_blocks the fwd and dq kernels'"),
+    (lambda: work.check_kernel_options({"dq": KernelConfig(32, 16, 4, 2, half_out=True)}), ValueError,
+     "half_out the fwd kernel's"),
     (lambda: kernel_config("fwd", "float64", 32), ValueError, "serve bfloat16, float16 and float32"),
 ])
 def test_bad_kernel_configurations_are_one_line_errors(bad, error, words):

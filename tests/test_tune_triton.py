@@ -40,3 +40,36 @@ def test_the_add_candidate_and_the_launchers_choice_give_the_launchers_result(ke
         torch.testing.assert_close(a, w.float(), rtol=0, atol=0)
     assert tune_triton._label(tune_triton.ADD, kernel) == "launcher/add"
     assert (kernel, tune_triton.ADD) in {(k, c) for _, k, c in tune_triton._jobs([64])}
+
+
+def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_without_half_out(monkeypatch):
+    # ``half`` (every branch merged straight into the inputs' dtype) against ``cast`` (the fp32 merge,
+    # then the cast the launcher returns): each equals the launcher's forward with half_out on and off.
+    # fp16: Triton's interpreter rounds it to nearest even, as the GPU does (its bf16 cast truncates).
+    from dataclasses import replace
+
+    from dilcompile.dilated.work import branch_tile, kernel_config
+
+    monkeypatch.setattr(tune_triton, "SEGMENTS", [64, 128])
+    monkeypatch.setattr(tune_triton, "RATES", [1, 2])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, dim, heads = 192, 32, 2
+    t = tune_triton._inputs(n, dim, heads, torch.float16, device)
+
+    def launcher(half):  # both branches' classes hold 64 positions: one tile, so one configuration serves both
+        tile = branch_tile(64, 1, n, dim, False, torch.float16)
+        assert tile == branch_tile(128, 2, n, dim, False, torch.float16)
+        options = {"fwd": replace(kernel_config("fwd", torch.float16, dim, 90, tile), half_out=half)}
+        return dilated_forward_triton(t["q"], t["k"], t["v"], [64, 128], [1, 2], "longnet", False, dim ** -0.5,
+                                      kernel_options=options)[0]
+
+    (half,), (cast,) = tune_triton._launcher("fwd", tune_triton.HALF, t, dim)(), \
+        tune_triton._launcher("fwd", tune_triton.CAST, t, dim)()
+    assert half.dtype == cast.dtype == torch.float16
+    assert torch.equal(half, launcher(True)) and torch.equal(cast, launcher(False))
+    assert not torch.equal(half, cast)  # two branches: one more rounding
+    assert [tune_triton._label(c, "fwd") for c in (tune_triton.HALF, tune_triton.CAST)] == \
+        ["launcher/half", "launcher/cast"]
+    jobs = {(k, c) for _, k, c in tune_triton._jobs([64])}
+    assert {("fwd", tune_triton.HALF), ("fwd", tune_triton.CAST)} <= jobs
+    assert not {(k, c) for k, c in jobs if c in (tune_triton.HALF, tune_triton.CAST) and k != "fwd"}

@@ -77,6 +77,9 @@ class KernelConfig:
     stages: int  # software pipeline stages
     full_blocks: bool = False  # fwd, dq: walk the key blocks every row sees whole without building masks
     atomic_dq: bool = False  # dkdv: also add dq by atomic adds, and the dq kernel is not launched
+    # fwd, half inputs: merge every branch straight into an output of q's dtype (no fp32 buffer of N·H·D
+    # and no cast pass; one rounding per branch instead of one at the end)
+    half_out: bool = False
     source: str = "override"  # where its timing came from (a run under runs/), or why there is none
 
     def __post_init__(self):
@@ -98,8 +101,8 @@ class KernelConfig:
 # Timed fastest on an H100 (scripts/tune_triton.py: B = 1, H = 16, N = 65536, bf16, the LongNet branches,
 # non-causal; docs/gpu.md, "Tile choice"). Against the choice ptxas register reports had made: at D = 128
 # the same forward, dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in
-# the heaviest flag variants) and are still the fastest. Neither candidate (full_blocks, atomic_dq) was
-# timed faster yet: both off. A new GPU's timed configuration is one more entry here.
+# the heaviest flag variants) and are still the fastest. No candidate (full_blocks, atomic_dq, half_out) was
+# timed faster yet: all off. A new GPU's timed configuration is one more entry here.
 _H100_TUNE = "runs/h100-80gb-tune/triton_tiles.parquet"
 CONFIGS: dict[tuple[int, str, str, int], KernelConfig] = {  # (compute capability, kernel, dtype, head-dim lanes)
     (90, "fwd", "bfloat16", 64): KernelConfig(128, 64, 4, 3, source=_H100_TUNE),
@@ -137,7 +140,8 @@ def kernel_config(kernel: str, dtype, head_dim: int, arch: int = 90, tile: int |
     entry, else the fallback. ``tile``: the owned tile a branch picked
     (``branch_tile``); an entry's walk, warps, stages and full_blocks were
     timed for its own tile only, so a smaller one gets the fallback's, with the
-    entry's atomic_dq (how dq is computed is chosen per call, not per branch)."""
+    entry's atomic_dq and half_out (how dq is computed and the output's dtype
+    are chosen per call, not per branch)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     chosen = CONFIGS.get((arch, kernel, dtype_name(dtype), block_d(head_dim)))
@@ -145,7 +149,8 @@ def kernel_config(kernel: str, dtype, head_dim: int, arch: int = 90, tile: int |
         chosen = fallback_config(kernel, dtype, head_dim, arch)
     if tile is None or tile == chosen.tile:
         return chosen
-    return replace(fallback_config(kernel, dtype, head_dim, arch, tile), atomic_dq=chosen.atomic_dq)
+    return replace(fallback_config(kernel, dtype, head_dim, arch, tile), atomic_dq=chosen.atomic_dq,
+                   half_out=chosen.half_out)
 
 
 def check_kernel_options(options) -> dict[str, KernelConfig]:
@@ -156,9 +161,10 @@ def check_kernel_options(options) -> dict[str, KernelConfig]:
             raise ValueError(f"kernel_options keys must be among {KERNELS}, got {kernel!r}")
         if not isinstance(config, KernelConfig):
             raise TypeError(f"kernel_options[{kernel!r}] must be a work.KernelConfig, got {type(config).__name__}")
-        if (config.atomic_dq and kernel != "dkdv") or (config.full_blocks and kernel == "dkdv"):
+        if (config.atomic_dq and kernel != "dkdv") or (config.full_blocks and kernel == "dkdv") or \
+                (config.half_out and kernel != "fwd"):
             raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks the "
-                             f"fwd and dq kernels'; got {config}")
+                             f"fwd and dq kernels', half_out the fwd kernel's; got {config}")
     return options
 
 
@@ -274,6 +280,7 @@ def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, 
     lanes = block_d(head_dim)
     element_bytes = 4 if dtype_name(dtype) == "float32" else 2
     pairs = useful = rows = 0
+    out_bytes = element_bytes if kernel_config(kernel, dtype, head_dim, arch).half_out else 4  # O, read and written
     classes = head_classes(num_heads, segment_lengths, dilation_rates, mode)
     for (w, r), offsets in zip(branches(segment_lengths, dilation_rates), classes):
         tile = branch_tile(w, r, n, head_dim, causal, dtype, arch, kernel)
@@ -290,8 +297,8 @@ def kernel_work(kernel: str, batch: int, num_heads: int, n: int, head_dim: int, 
     pairs, useful, rows = pairs * batch, useful * batch, rows * batch
     flops = 2.0 * DOTS[kernel] * pairs * lanes
     # Compulsory traffic per branch launch: the rows' own tensors once, and the
-    # fp32 accumulators read and written (K, V re-reads of a class stay in L2).
-    per_row = {"fwd": 3 * element_bytes * head_dim + 2 * 4 * head_dim + 2 * 4,  # q k v; O rw; lse rw
+    # accumulators read and written (K, V re-reads of a class stay in L2).
+    per_row = {"fwd": 3 * element_bytes * head_dim + 2 * out_bytes * head_dim + 2 * 4,  # q k v; O rw; lse rw
                "dq": 4 * element_bytes * head_dim + 2 * 4 * head_dim + 2 * 4,  # q k v dO; dQ rw; lse, Δ
                "dkdv": 4 * element_bytes * head_dim + 4 * 4 * head_dim + 2 * 4}[kernel]
     return Work(pairs, useful, flops, float(pairs), float(rows * per_row))

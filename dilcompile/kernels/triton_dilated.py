@@ -12,8 +12,10 @@ and the last tile of a class (``issued_flops`` counts them;
 docs/gpu.md, "Issued work").
 
 Branches are launched one after another and merged in place: the forward
-leaves each branch's softmax in the fp32 output buffer and the lse, and the
-next branch merges its own by the log-sum-exp rule. A key reached by two
+leaves each branch's softmax in the output buffer (fp32; q's dtype with the
+``half_out`` candidate, ``dilated/work.KernelConfig``, which then needs no
+fp32 buffer and no cast but rounds once per branch) and the lse, and the
+next branch merges its own by the log-sum-exp rule, in fp32. A key reached by two
 branches is counted twice — the multiplicity form of docs/design.md. A row
 belongs to one tile per launch, so the read-modify-write needs no atomics.
 
@@ -184,7 +186,7 @@ def _fwd_kernel(
     OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Branch (w, r) for one tile of same-class queries, merged into O (fp32) and LSE."""
+    """Branch (w, r) for one tile of same-class queries, merged into O (fp32, or q's dtype) and LSE."""
     H, N, D, w, r = _int32(H, N, D, w, r)
     bh = tl.program_id(1).to(tl.int64)  # b·H + h
     off = tl.load(OFFSETS + BRANCH * H + (bh % H).to(tl.int32))  # in the body: see _branch_tile
@@ -230,7 +232,7 @@ def _fwd_kernel(
             out_old = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         else:
             lse_old = tl.load(LSE + lbase + rows, mask=q_ok, other=float("-inf")) * 1.4426950408889634
-            out_old = tl.load(O + tile, mask=tile_mask, other=0.0)
+            out_old = tl.load(O + tile, mask=tile_mask, other=0.0).to(tl.float32)
         top = tl.maximum(lse_old, lse_b)
         top = tl.where(top == float("-inf"), 0.0, top)
         a_old = tl.exp2(lse_old - top)
@@ -240,7 +242,7 @@ def _fwd_kernel(
         out = out_old * (a_old / total_safe)[:, None] \
             + acc * (a_new / (tl.where(covered, l_i, 1.0) * total_safe))[:, None]
         lse = tl.where(total == 0, float("-inf"), top + tl.log2(total_safe)) / 1.4426950408889634
-        tl.store(O + tile, out, mask=tile_mask)
+        tl.store(O + tile, out.to(O.dtype.element_ty), mask=tile_mask)
         tl.store(LSE + lbase + rows, lse, mask=q_ok)
 
 

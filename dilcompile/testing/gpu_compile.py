@@ -47,6 +47,7 @@ class Config:
     typing: str = "eager"  # or "inductor": scale fp64, integers i64
     varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
     candidate: bool = False  # the untimed candidate: fwd and dq walk full blocks unmasked, dk/dv adds dq by atomics
+    half_out: bool = False  # fwd: the output in the inputs' dtype (work.KernelConfig.half_out), not fp32
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ def _build(config: Config):
             signature[arg] = "*i8"
         elif arg in ("OFFSETS", "SEGS"):
             signature[arg] = "*i32"
+        elif arg == "O" and config.half_out:
+            signature[arg] = _FLOATS[config.dtype]
         elif arg in _FP32_POINTERS:
             signature[arg] = "*fp32"
         elif arg in ("Q", "K", "V", "DO"):

@@ -145,7 +145,9 @@ def dilated_forward_triton(
     kernel_options: dict[str, KernelConfig] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, D) in q.dtype and lse (B, H, N) float32 (before the groups-mode 1/m).
-    One launch per branch, each merging into an fp32 output and the lse. With
+    One launch per branch, each merging into an fp32 output and the lse — or,
+    where the forward's configuration says ``half_out``, into the output in
+    q's dtype itself (no fp32 buffer of the output's size, no cast). With
     ``cu_seqlens`` (B = 1) the N positions are packed sequences, each cut
     into its own segments: still one launch per branch, whatever their number.
     ``kernel_options``: {"fwd": work.KernelConfig} launches every branch with
@@ -156,21 +158,23 @@ def dilated_forward_triton(
     batch, heads, n, dim = _shape(q)
     covers = first_branch_covers_all(segment_lengths, dilation_rates, mode)
     keep, has_keep = _keep(key_mask, q)
+    arch = _arch(q)
+    half = (options.get("fwd") or kernel_config("fwd", q.dtype, dim, arch)).half_out  # chosen per call
+    out_dtype = q.dtype if half else torch.float32
     if overwrites("fwd", covers, has_keep):  # the first launch writes every row
-        out, lse = _unset(q.shape, q.device), _unset((batch, heads, n), q.device)
+        out, lse = _unset(q.shape, q.device, out_dtype), _unset((batch, heads, n), q.device)
     else:
-        out, lse = _zeros(q.shape, q.device), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
+        out, lse = _zeros(q.shape, q.device, out_dtype), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
     inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None)
     no_table = _no_segment_table(q)
-    arch = _arch(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile, meta = _launch("fwd", w, r, n, dim, q, arch, options.get("fwd"), branch=i, **inputs)
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
         wrap_triton(_fwd_kernel)[(_programs(w, r, n, tile, segments), batch * heads)](
             q, k, v, out, lse, keep, offsets, no_table if segments is None else segments, i, heads, n, dim, w, r,
             float(scale), **meta)
-    return out.to(q.dtype), lse
+    return out.to(q.dtype), lse  # no copy where the launches wrote q's dtype
 
 
 def dilated_backward_triton(
@@ -224,14 +228,14 @@ def first_branch_covers_all(segment_lengths, dilation_rates, mode: str) -> bool:
     return int(dilation_rates[0]) == 1 and (mode == "longnet" or len(segment_lengths) == 1)
 
 
-def _unset(shape, device) -> Tensor:
-    """An fp32 buffer the first launch writes whole (the tests fill it with NaN to prove it)."""
-    return torch.empty(shape, dtype=torch.float32, device=device)
+def _unset(shape, device, dtype=torch.float32) -> Tensor:
+    """A buffer (fp32 unless ``dtype``) the first launch writes whole (the tests fill it with NaN to prove it)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _zeros(shape, device) -> Tensor:
-    """An fp32 buffer the launches add into."""
-    return torch.zeros(shape, dtype=torch.float32, device=device)
+def _zeros(shape, device, dtype=torch.float32) -> Tensor:
+    """A buffer (fp32 unless ``dtype``) the launches add into."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _no_segment_table(q: Tensor) -> Tensor:
