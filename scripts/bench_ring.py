@@ -42,7 +42,6 @@ import os
 import socket
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -57,6 +56,7 @@ from dilcompile.profile.env import device_name
 from dilcompile.profile.record import Recorder, timing_columns
 from dilcompile.profile.runner import run_script
 from dilcompile.store import DEFAULT_DB, StoreError
+from dilcompile.testing.process_group import leave_together
 
 PROG = "bench_ring"
 # Row keys that are not ``measurements`` columns: they go into the row's ``config`` JSON.
@@ -137,21 +137,6 @@ def store_row(row: dict, warmup: int) -> dict:
         "config": json.dumps(config), "warmup": warmup}
 
 
-def leave() -> None:
-    """Tear the group down on every rank together: a gloo rank that destroys its group while a
-    peer is still busy (rank 0 closing the store) can abort in C++ ("terminate called"). A gloo
-    barrier is not enough: a rank can leave it before its last message has reached a peer still
-    inside it, and tearing its context down then fails that peer (pytorch/gloo#155; rank 1
-    aborted so once more in a full suite run after the barrier was added). So each rank also
-    says it has left the barrier through the rendezvous store, which no rank's teardown
-    closes, and destroys the group only once all have."""
-    dist.barrier()
-    store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
-    store.set(f"bench_ring/left/{rank}", "1")
-    store.wait([f"bench_ring/left/{r}" for r in range(world)], timedelta(minutes=5))
-    dist.destroy_process_group()
-
-
 def open_writer(args, world: int, backend: str, device: torch.device) -> Recorder | None:
     """Rank 0's store writer (None with --no-db); every rank learns whether it opened,
     so a bad --db stops all ranks before any measuring instead of leaving them waiting."""
@@ -167,7 +152,7 @@ def open_writer(args, world: int, backend: str, device: torch.device) -> Recorde
     if box[0] is not None:
         if dist.get_rank() == 0:
             print(f"error: {box[0]}", file=sys.stderr)
-        leave()
+        leave_together()
         raise SystemExit(2)
     return writer
 
@@ -192,7 +177,7 @@ def main() -> None:
         if rank == 0:
             print(f"{PROG}: error: argument --seq-lens: {seq_lens} must be multiples of the {world} ranks",
                   file=sys.stderr)
-        leave()
+        leave_together()
         raise SystemExit(2)
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -257,7 +242,7 @@ def main() -> None:
             print(f"{writer.written} rows written to {args.db}", file=sys.stderr)
         except StoreError as exc:
             store_error = exc
-    leave()
+    leave_together()
     if store_error is not None:
         print(f"{PROG}: error: {store_error}", file=sys.stderr)
         raise SystemExit(1)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from dilcompile import MultiheadDilatedAttention, compat, create_multihead_attention
 from dilcompile.distributed import RingMultiheadDilatedAttention
+from dilcompile.testing.process_group import leave_together
 
 from ranks import TIMEOUT, rendezvous, start_ranks
 
@@ -72,8 +73,7 @@ def _worker(rank, init_method, result_dir):
         report["cases"].update({f"uneven {causal}": _multihead_errors(rank, causal, UNEVEN) for causal in (False, True)})
         report["cases"]["empty True"] = _multihead_errors(rank, True, EMPTY)
         report.update(_factory_and_compat_errors(rank))
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_together()  # every rank at once: see its doc
     except Exception:
         report["error"] = traceback.format_exc()
     with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
