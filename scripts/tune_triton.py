@@ -18,12 +18,14 @@ the A/B of the first branch's launches overwriting unset buffers (OVERWRITE,
 every row. Forward candidates ``half`` and ``cast``: the launcher's choice
 merging every branch straight into a bf16 output (``KernelConfig.half_out``),
 against that choice followed by the cast of its fp32 output that the
-launcher returns (what ``half`` saves). Compiling takes most of the time: ``--prewarm J`` first compiles
+launcher returns (what ``half`` saves). Forward and dq candidate ``tma``: the
+launcher's choice loading keys and values through tensor descriptors
+(``KernelConfig.tma``). Compiling takes most of the time: ``--prewarm J`` first compiles
 every candidate in J processes at a small N with the same specialisations,
 which fill triton's cache for the timed run. A run store row per candidate
 and round (``--db``): variant ``triton-tile:<kernel>`` (fwd, dq, dkdv), impl
 the candidate's label (``launcher``, ``launcher/add``, ``launcher/half``,
-``launcher/cast`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
+``launcher/cast``, ``launcher/tma`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
 ``bwd``, config JSON with the round and the difference to the launcher's
 result; then a table of each candidate's best round.
 """
@@ -70,7 +72,9 @@ DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
 ADD = "add"  # the launcher's configuration, every launch adding into zeroed buffers (module doc)
 HALF = "half"  # forward: the launcher's configuration merging into an output of the inputs' dtype (half_out)
 CAST = "cast"  # forward: the launcher's configuration, its fp32 output then cast as the launcher returns it
-LAUNCHER = (None, ADD, HALF, CAST)  # the launcher's own tile, walk, warps and stages
+TMA = "tma"  # forward, dq: the launcher's configuration loading keys through tensor descriptors (KernelConfig.tma)
+LAUNCHER = (None, ADD, HALF, CAST, TMA)  # the launcher's own tile, walk, warps and stages
+LAUNCHER_CANDIDATES = {"fwd": [HALF, CAST, TMA], "dq": [TMA]}  # beside None and ADD, which every kernel has
 
 
 def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
@@ -109,13 +113,16 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     def meta(i, w, r):
         if config in LAUNCHER:
             chosen = kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, False, q.dtype, arch, kernel))
-            chosen = replace(chosen, half_out=config == HALF)
+            chosen = replace(chosen, half_out=config == HALF, tma=config == TMA)
         else:  # forward, dq: whole blocks unmasked; dk/dv: dq by atomic adds too
             owned, walk, warps, stages, *whole = config
             flag = {"atomic_dq" if kernel == "dkdv" else "full_blocks": bool(whole and whole[0])}
             chosen = KernelConfig(owned, walk, warps, stages, **flag, source="scripts/tune_triton.py candidate")
-        return chosen.tile, launch_flags(kernel, chosen, dim, q.dtype, branch=i, covers=covers, causal=False,
-                                         has_keep=False, varlen=False, interpreting=launcher.interpreting())
+        flags = launch_flags(kernel, chosen, dim, q.dtype, branch=i, covers=covers, causal=False, has_keep=False,
+                             varlen=False, interpreting=launcher.interpreting(), arch=arch)
+        if flags.get("TMA") and not launcher.interpreting():
+            launcher._scratch_for_descriptors()
+        return chosen.tile, flags
 
     plans = [(i, w, r, *meta(i, w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 
@@ -160,7 +167,7 @@ def _useful_flops(kernel: str, n: int, heads: int, dim: int) -> float:
 
 def _jobs(dims):
     return [(dim, kernel, config) for dim in dims for kernel in ("fwd", "dq", "dkdv")
-            for config in [None, ADD] + ([HALF, CAST] if kernel == "fwd" else []) + CANDIDATES[dim][kernel]]
+            for config in [None, ADD] + LAUNCHER_CANDIDATES.get(kernel, []) + CANDIDATES[dim][kernel]]
 
 
 def tile_row(kernel: str, label: str, n: int, heads: int, dim: int, dtype: str, round_: int, times_ms,

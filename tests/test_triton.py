@@ -279,6 +279,49 @@ def test_full_blocks_without_masks_equal_the_masked_walk(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_keys_through_tensor_descriptors_equal_the_strided_loads(seed):
+    # TMA (forward, dq): the walked keys and values load through tensor descriptors over the class's
+    # rows (Hopper's TMA) — a tuning candidate, off until timed faster (work.KernelConfig.tma), switched
+    # on here per call, with whole blocks unmasked or not. On random configurations (causal, key masks,
+    # packed documents, head dims 8 to 72) out, lse and the gradients equal the strided loads': bitwise
+    # in the interpreter (the same values reach the same arithmetic), to fp32 rounding on a GPU. Keys the
+    # mask removes hold NaN here: a descriptor loads them, and they must read as 0 as a masked load's do.
+    from dilcompile.dilated.work import KernelConfig, tma_fits
+
+    n, heads, segments, rates, causal, mode, padded, batch, dim = _random_case(400 + seed)
+    q, k, v = random_qkv(batch, heads, n, dim, dtype=torch.float32, device=DEVICE, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(batch, n, generator=generator) < 0.3).to(DEVICE) if padded or seed == 0 else None
+    if mask is not None:
+        k, v = (t.masked_fill(mask[:, None, :, None], float("nan")) for t in (k, v))
+    grad = torch.randn(batch, heads, n, dim, generator=generator).to(DEVICE)
+    cu = None
+    if seed == 3:  # packed documents: segments from the device table
+        q, k, v, grad, mask = q[:1], k[:1], v[:1], grad[:1], None
+        cu = torch.tensor([0, n // 3, n // 3, n], dtype=torch.int32, device=DEVICE)
+    assert tma_fits(dim, torch.float32, 90)
+    rng = random.Random(seed)
+    tile = rng.choice([16, 32, 64])
+    walk = rng.choice([t for t in (16, 32, 64) if t <= tile])
+    whole = rng.random() < 0.5
+
+    def run(tma):
+        config = KernelConfig(tile, walk, 4, 2, full_blocks=whole, tma=tma)
+        return _impl(q, k, v, grad, segments, rates, causal, mode, {"fwd": config, "dq": config}, mask, cu=cu)
+
+    described, strided = run(True), run(False)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), described, strided):
+        if DEVICE == "cpu":
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
+        else:
+            torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
+    assert not any(t.isnan().any() for t in described), "a removed key's NaN leaked"
+    ref = _reference(q, k.nan_to_num(), v.nan_to_num(), mode, segments, dilation_rates=rates, causal=causal,
+                     key_mask=mask, cu_seqlens=cu)
+    torch.testing.assert_close(described[0].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeypatch):
     # ATOMIC_DQ: the dk/dv kernel also adds each key tile's dS K into dq and the dq kernel is not
     # launched (FlashAttention-2's backward) — a tuning candidate, off until timed faster

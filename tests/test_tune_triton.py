@@ -73,3 +73,22 @@ def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_withou
     jobs = {(k, c) for _, k, c in tune_triton._jobs([64])}
     assert {("fwd", tune_triton.HALF), ("fwd", tune_triton.CAST)} <= jobs
     assert not {(k, c) for k, c in jobs if c in (tune_triton.HALF, tune_triton.CAST) and k != "fwd"}
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dq"])
+def test_the_tma_candidate_gives_the_launchers_result(kernel, monkeypatch):
+    # ``tma``: the launcher's choice with keys and values loaded through tensor descriptors; the same
+    # values reach the same arithmetic, so its result is the launcher's own, bitwise in the interpreter.
+    monkeypatch.setattr(tune_triton, "SEGMENTS", [64, 128])
+    monkeypatch.setattr(tune_triton, "RATES", [1, 2])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, dim, heads = 192, 32, 2
+    t = tune_triton._inputs(n, dim, heads, torch.float32, device)
+    launcher, tma = (tune_triton._launcher(kernel, config, t, dim)() for config in (None, tune_triton.TMA))
+    for a, b in zip(launcher, tma):
+        if device == "cpu":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b)
+    assert tune_triton._label(tune_triton.TMA, kernel) == "launcher/tma"
+    assert (kernel, tune_triton.TMA) in {(k, c) for _, k, c in tune_triton._jobs([64])}

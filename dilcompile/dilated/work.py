@@ -80,6 +80,9 @@ class KernelConfig:
     # fwd, half inputs: merge every branch straight into an output of q's dtype (no fp32 buffer of N·H·D
     # and no cast pass; one rounding per branch instead of one at the end)
     half_out: bool = False
+    # fwd, dq: load the walked keys and values through tensor descriptors (TMA on Hopper), where D's rows are
+    # 16-byte multiples (tma_fits) on sm_90 and later
+    tma: bool = False
     source: str = "override"  # where its timing came from (a run under runs/), or why there is none
 
     def __post_init__(self):
@@ -101,7 +104,7 @@ class KernelConfig:
 # Timed fastest on an H100 (scripts/tune_triton.py: B = 1, H = 16, N = 65536, bf16, the LongNet branches,
 # non-causal; docs/gpu.md, "Tile choice"). Against the choice ptxas register reports had made: at D = 128
 # the same forward, dq 2.3x and dk/dv 2.1x; at D = 64 1.6x / 1.4x / 1.1x. Several spill (up to ~350 B in
-# the heaviest flag variants) and are still the fastest. No candidate (full_blocks, atomic_dq, half_out) was
+# the heaviest flag variants) and are still the fastest. No candidate (full_blocks, atomic_dq, half_out, tma) was
 # timed faster yet: all off. A new GPU's timed configuration is one more entry here.
 _H100_TUNE = "runs/h100-80gb-tune/triton_tiles.parquet"
 CONFIGS: dict[tuple[int, str, str, int], KernelConfig] = {  # (compute capability, kernel, dtype, head-dim lanes)
@@ -140,8 +143,8 @@ def kernel_config(kernel: str, dtype, head_dim: int, arch: int = 90, tile: int |
     entry, else the fallback. ``tile``: the owned tile a branch picked
     (``branch_tile``); an entry's walk, warps, stages and full_blocks were
     timed for its own tile only, so a smaller one gets the fallback's, with the
-    entry's atomic_dq and half_out (how dq is computed and the output's dtype
-    are chosen per call, not per branch)."""
+    entry's atomic_dq, half_out and tma (how dq is computed, the output's
+    dtype and how keys are loaded are chosen per call, not per branch)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     chosen = CONFIGS.get((arch, kernel, dtype_name(dtype), block_d(head_dim)))
@@ -150,7 +153,7 @@ def kernel_config(kernel: str, dtype, head_dim: int, arch: int = 90, tile: int |
     if tile is None or tile == chosen.tile:
         return chosen
     return replace(fallback_config(kernel, dtype, head_dim, arch, tile), atomic_dq=chosen.atomic_dq,
-                   half_out=chosen.half_out)
+                   half_out=chosen.half_out, tma=chosen.tma)
 
 
 def check_kernel_options(options) -> dict[str, KernelConfig]:
@@ -161,10 +164,10 @@ def check_kernel_options(options) -> dict[str, KernelConfig]:
             raise ValueError(f"kernel_options keys must be among {KERNELS}, got {kernel!r}")
         if not isinstance(config, KernelConfig):
             raise TypeError(f"kernel_options[{kernel!r}] must be a work.KernelConfig, got {type(config).__name__}")
-        if (config.atomic_dq and kernel != "dkdv") or (config.full_blocks and kernel == "dkdv") or \
+        if (config.atomic_dq and kernel != "dkdv") or ((config.full_blocks or config.tma) and kernel == "dkdv") or \
                 (config.half_out and kernel != "fwd"):
-            raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks the "
-                             f"fwd and dq kernels', half_out the fwd kernel's; got {config}")
+            raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks and "
+                             f"tma the fwd and dq kernels', half_out the fwd kernel's; got {config}")
     return options
 
 
@@ -186,17 +189,27 @@ def precision(dtype, interpreting: bool) -> int:
     return 2 if interpreting else 0
 
 
+def tma_fits(head_dim: int, dtype, arch: int) -> bool:
+    """Whether tensor descriptors can load a class's rows: TMA (sm_90 and
+    later) needs the rows' start and stride in 16-byte multiples, so D × the
+    element size must be one."""
+    return arch >= 90 and head_dim * (4 if dtype_name(dtype) == "float32" else 2) % 16 == 0
+
+
 def launch_flags(kernel: str, config: KernelConfig, head_dim: int, dtype, *, branch: int, covers: bool,
-                 causal: bool, has_keep: bool, varlen: bool, interpreting: bool) -> dict:
+                 causal: bool, has_keep: bool, varlen: bool, interpreting: bool, arch: int = 90) -> dict:
     """Every constexpr of one launch of ``kernel`` — the launch of branch
-    index ``branch`` with ``config`` — and, off the interpreter, its warps and
-    stages: the one place they are derived (the launcher, scripts/tune_triton.py,
-    testing/gpu_compile.py and the fake-GPU tests call it). ``covers``: the
-    first branch reaches every row (``impl/triton.first_branch_covers_all``)."""
+    index ``branch`` with ``config`` on compute capability ``arch`` — and, off
+    the interpreter, its warps and stages: the one place they are derived (the
+    launcher, scripts/tune_triton.py, testing/gpu_compile.py and the fake-GPU
+    tests call it). ``covers``: the first branch reaches every row
+    (``impl/triton.first_branch_covers_all``). ``config.tma`` holds where
+    ``tma_fits``, else the launch loads as without it."""
     if kernel == "dkdv":  # it owns keys and walks queries
         flags = dict(BLOCK_M=config.walk, BLOCK_N=config.tile, ATOMIC_DQ=config.atomic_dq)
     else:
-        flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks)
+        flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks,
+                     TMA=config.tma and tma_fits(head_dim, dtype, arch))
     flags.update(BLOCK_D=block_d(head_dim), HAS_KEEP=bool(has_keep), VARLEN=bool(varlen), CAUSAL=bool(causal),
                  PREC=precision(dtype, interpreting), OVERWRITE=branch == 0 and overwrites(kernel, covers, has_keep))
     if not interpreting:  # the interpreter takes no launch options

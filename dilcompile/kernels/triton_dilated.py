@@ -29,13 +29,16 @@ matmuls a pair instead of seven, for the atomics' traffic. Both use the merged l
 gradient ``g`` at the returned lse enters as ``dS = P ∘ (dP − Δ + g)`` with
 ``Δ = rowsum(dO ∘ O)`` (the launcher folds ``g`` into Δ).
 
-Two constexpr switches, set by the launcher (``dilated/work.launch_flags``):
+Constexpr switches, set by the launcher (``dilated/work.launch_flags``):
 ``OVERWRITE`` for the launches of a first branch that reaches every row
 (its programs write the fp32 buffers instead of adding to them, so they
 need no zero-fill and no read), and ``FULL_BLOCKS`` (forward and dq) to walk
 the key blocks every row of a tile sees whole without building a mask, the
 causal diagonal and a class's short end with one — a tuning candidate
-(``dilated/work.KernelConfig.full_blocks``), off until timed faster.
+(``dilated/work.KernelConfig.full_blocks``), off until timed faster. And
+``TMA`` (forward and dq, another candidate: ``KernelConfig.tma``): the walked
+keys and values load through tensor descriptors over the class's rows, a
+2-D box of row stride r·D, which Hopper's TMA unit fetches.
 
 ``scale`` is cast to fp32 on entry: torch.compile types a Python-float kernel
 argument as fp64, which would make the softmax state fp64 (a compile error in
@@ -125,19 +128,38 @@ def _branch_tile(off, bh, H, N, D, r, s0, s1, tile, scale, BLOCK: tl.constexpr, 
 
 
 @triton.jit
+def _class_rows(X, base, s0, off, r, n_class, D, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tensor descriptor (TMA on Hopper) over the class rows s0 + off + t·r,
+    t < n_class, of the (b, h) slice at ``base``: its loads are BLOCK × BLOCK_D
+    boxes, rows past the class and lanes past D reading 0. The launcher sets
+    ``TMA`` only where D's rows are 16-byte multiples, which TMA needs of the
+    start and the stride (the tensors' own 16-byte alignment is specialised)."""
+    return tl.make_tensor_descriptor(X + base + (s0 + off).to(tl.int64) * D, shape=[n_class, D], strides=[r * D, 1],
+                                     block_shape=[BLOCK, BLOCK_D])
+
+
+@triton.jit
 def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
-               HAS_KEEP: tl.constexpr, BLOCK_N: tl.constexpr):
+               HAS_KEEP: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr):
     """Class indices tk of keys t0 … t0 + BLOCK_N − 1, which of them count
     (inside the class's first ``n_keys`` and kept by the key mask), and their
-    k and v rows, loaded with stride r (the forward's and dq's walk)."""
+    k and v rows, loaded with stride r (the forward's and dq's walk) — with
+    ``TMA``, K and V are ``_class_rows`` descriptors. Rows that do not count
+    read as 0 either way: a removed key's NaN must not reach 0 · NaN."""
     tk = t0 + tl.arange(0, BLOCK_N)
     kpos = s0 + off + tk * r
     k_ok = tk < n_keys
     if HAS_KEEP:
         k_ok = k_ok & (tl.load(KEEP + b * N + kpos, mask=k_ok, other=0) != 0)
-    kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
-    kv_mask = k_ok[:, None] & d_ok[None, :]
-    return tk, k_ok, tl.load(K + kv, mask=kv_mask, other=0.0), tl.load(V + kv, mask=kv_mask, other=0.0)
+    if TMA:
+        k = tl.where(k_ok[:, None], K.load([t0, 0]), 0.0)
+        v = tl.where(k_ok[:, None], V.load([t0, 0]), 0.0)
+    else:
+        kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
+        kv_mask = k_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + kv, mask=kv_mask, other=0.0)
+        v = tl.load(V + kv, mask=kv_mask, other=0.0)
+    return tk, k_ok, k, v
 
 
 @triton.jit
@@ -157,12 +179,19 @@ def _full_keys(n_class, first, HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, FUL
 
 
 @triton.jit
-def _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N: tl.constexpr):
+def _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, TMA: tl.constexpr, BLOCK_N: tl.constexpr):
     """k and v rows of class indices t0 … t0 + BLOCK_N − 1, all inside the class
-    (``FULL_BLOCKS``'s unmasked blocks): only the head-dim lanes are masked."""
-    kpos = s0 + off + (t0 + tl.arange(0, BLOCK_N)) * r
-    kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
-    return tl.load(K + kv, mask=d_ok[None, :], other=0.0), tl.load(V + kv, mask=d_ok[None, :], other=0.0)
+    (``FULL_BLOCKS``'s unmasked blocks): only the head-dim lanes are masked
+    (``TMA``: descriptors, as ``_key_block``'s)."""
+    if TMA:
+        k = K.load([t0, 0])
+        v = V.load([t0, 0])
+    else:
+        kpos = s0 + off + (t0 + tl.arange(0, BLOCK_N)) * r
+        kv = base + kpos[:, None].to(tl.int64) * D + d[None, :]
+        k = tl.load(K + kv, mask=d_ok[None, :], other=0.0)
+        v = tl.load(V + kv, mask=d_ok[None, :], other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -183,7 +212,7 @@ def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr):
 def _fwd_kernel(
     Q, K, V, O, LSE, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
-    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr,
+    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Branch (w, r) for one tile of same-class queries, merged into O (fp32, or q's dtype) and LSE."""
@@ -211,13 +240,17 @@ def _fwd_kernel(
         if CAUSAL:  # keys past the tile's last query never count
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
+        keys, values = K, V
+        if TMA:  # the class's keys and values as descriptors, made once per program
+            keys = _class_rows(K, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
+            values = _class_rows(V, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
         for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
-            k, v = _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+            k, v = _full_block(keys, values, base, s0, off, r, t0, D, d, d_ok, TMA, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC) * qk_scale
             m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
         for t0 in range(n_full, n_keys, BLOCK_N):
-            tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
-                                        HAS_KEEP, BLOCK_N)
+            tk, k_ok, k, v = _key_block(keys, values, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
+                                        HAS_KEEP, TMA, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
             keep = q_ok[:, None] & k_ok[None, :]
             if CAUSAL:
@@ -250,7 +283,7 @@ def _fwd_kernel(
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
-    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr,
+    OVERWRITE: tl.constexpr, FULL_BLOCKS: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq of branch (w, r) for one tile of same-class queries, added into DQ (fp32)."""
@@ -280,16 +313,20 @@ def _dq_kernel(
         if CAUSAL:
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
+        keys, values = K, V
+        if TMA:  # the class's keys and values as descriptors, made once per program
+            keys = _class_rows(K, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
+            values = _class_rows(V, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
         for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
-            k, v = _full_block(K, V, base, s0, off, r, t0, D, d, d_ok, BLOCK_N)
+            k, v = _full_block(keys, values, base, s0, off, r, t0, D, d, d_ok, TMA, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
             dp = _dot(do, tl.trans(v), PREC)
             p = tl.exp2(s * qk_scale - lse[:, None])
             ds = p * (dp - delta[:, None])
             dq += _dot(ds.to(k.dtype), k, PREC)
         for t0 in range(n_full, n_keys, BLOCK_N):
-            tk, k_ok, k, v = _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
-                                        HAS_KEEP, BLOCK_N)
+            tk, k_ok, k, v = _key_block(keys, values, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
+                                        HAS_KEEP, TMA, BLOCK_N)
             keep = q_ok[:, None] & k_ok[None, :]
             if CAUSAL:
                 keep = keep & (tk[None, :] <= t[:, None])

@@ -66,7 +66,7 @@ def _triton_outputs():
     args |= dict(KEEP=_cuda(1, dtype=torch.int8), OFFSETS=_cuda(2, 4, dtype=torch.int32),
                  SEGS=_cuda(9, 2, dtype=torch.int32), BRANCH=1, H=4, N=512, D=64, w=128, r=2, scale=0.125)
     written = {}
-    for variant in (dict(has_keep=True, varlen=True), dict(has_keep=False, varlen=False, candidate=True)):
+    for variant in (dict(has_keep=True, varlen=True), dict(has_keep=False, varlen=False, candidate=True, tma=True)):
         for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
             fn = getattr(kernels, name)
             flags = launch_flags(Config(name, "bf16", 64, 64, 90, True, **variant))

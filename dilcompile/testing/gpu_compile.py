@@ -48,6 +48,7 @@ class Config:
     varlen: bool = False  # packed sequences: each program's segment read from the SEGS table
     candidate: bool = False  # the untimed candidate: fwd and dq walk full blocks unmasked, dk/dv adds dq by atomics
     half_out: bool = False  # fwd: the output in the inputs' dtype (work.KernelConfig.half_out), not fp32
+    tma: bool = False  # fwd, dq: keys and values through tensor descriptors (work.KernelConfig.tma)
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,10 @@ def launch_flags(config: Config) -> dict:
     chosen = work.kernel_config(name, _TORCH_DTYPES[config.dtype], config.head_dim, config.arch, config.tile)
     if config.candidate:
         chosen = replace(chosen, **{"atomic_dq" if name == "dkdv" else "full_blocks": True})
+    chosen = replace(chosen, tma=config.tma)
     return work.launch_flags(name, chosen, config.head_dim, _TORCH_DTYPES[config.dtype], branch=1, covers=False,
-                             causal=config.causal, has_keep=config.has_keep, varlen=config.varlen, interpreting=False)
+                             causal=config.causal, has_keep=config.has_keep, varlen=config.varlen, interpreting=False,
+                             arch=config.arch)
 
 
 def _build(config: Config):

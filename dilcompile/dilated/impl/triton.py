@@ -67,7 +67,21 @@ def _launch(kernel: str, w: int, r: int, n, dim: int, q: Tensor, arch: int, over
     ``inputs``: ``work.launch_flags``'s keywords."""
     config = override or kernel_config(kernel, q.dtype, dim, arch, branch_tile(w, r, n, dim, inputs["causal"],
                                                                              q.dtype, arch, kernel))
-    return config.tile, launch_flags(kernel, config, dim, q.dtype, interpreting=interpreting(), **inputs)
+    flags = launch_flags(kernel, config, dim, q.dtype, interpreting=interpreting(), arch=arch, **inputs)
+    if flags.get("TMA") and not interpreting():
+        _scratch_for_descriptors()
+    return config.tile, flags
+
+
+def _scratch_for_descriptors() -> None:
+    """Tensor descriptors made in a kernel (``TMA``) need a little device memory
+    per program, which triton asks its allocator for at launch; Inductor sets
+    one before running its kernels, an eager launch finds none. Set when a
+    launch needs it (the allocator is a triton context variable), as Inductor's
+    own, never at import."""
+    import triton
+
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 def _shape(q: Tensor):
