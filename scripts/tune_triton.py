@@ -22,7 +22,9 @@ launcher returns (what ``half`` saves). Forward and dq candidate ``tma``: the
 launcher's choice loading keys and values through tensor descriptors
 (``KernelConfig.tma``). Compiling takes most of the time: ``--prewarm J`` first compiles
 every candidate in J processes at a small N with the same specialisations,
-which fill triton's cache for the timed run. A run store row per candidate
+which fill triton's cache for the timed run; a candidate a process did not
+finish (a failed compile or launch, which can leave the GPU context unusable)
+is left out of the timed run, named on stderr. A run store row per candidate
 and round (``--db``): variant ``triton-tile:<kernel>`` (fwd, dq, dkdv), impl
 the candidate's label (``launcher``, ``launcher/add``, ``launcher/half``,
 ``launcher/cast``, ``launcher/tma`` or owned/walk/warps/stages[/whole|/atomic]), pass ``fwd`` or
@@ -181,6 +183,27 @@ def tile_row(kernel: str, label: str, n: int, heads: int, dim: int, dtype: str, 
             **timing_columns(times_ms, n, flops)}
 
 
+def _prewarm(jobs: list, args) -> list:
+    """Compile every job in ``args.prewarm`` processes (``--compile-only``); the
+    jobs they finished, the others named on stderr. The launcher's own choice
+    stays whatever happened: every result is checked against it, so if it
+    fails the timed run fails with its error."""
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--compile-only", f"{i}/{args.prewarm}", "--dims",
+                               *map(str, args.dims), "--heads", str(args.heads)], stdout=subprocess.PIPE, text=True)
+             for i in range(args.prewarm)]
+    done = {int(line.split()[1]) for proc in procs for line in proc.communicate()[0].splitlines()
+            if line.startswith("done ")}
+    exits = [proc.returncode for proc in procs]
+    print(f"prewarm: {len(done)} of {len(jobs)} candidates compiled in {time.time() - start:.0f} s (exit {exits})",
+          file=sys.stderr)
+    for index, (dim, kernel, config) in enumerate(jobs):
+        if index not in done and config is not None:
+            print(f"prewarm: left out D={dim} {kernel} {_label(config, kernel)}: its process failed before it "
+                  f"finished (exit {exits[index % args.prewarm]})", file=sys.stderr)
+    return [job for index, job in enumerate(jobs) if index in done or job[2] is None]  # the baseline stays
+
+
 def main(argv=None) -> int:
     p = parser(PROG, __doc__, seq_lens=[65536], heads=16, rounds=2, repeats=20, tag=None, db=DEFAULT_DB)
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=sorted(CANDIDATES))
@@ -203,25 +226,22 @@ def main(argv=None) -> int:
         return 2
 
     jobs = _jobs(args.dims)
-    if args.compile_only:
+    if args.compile_only:  # prints "done <job index>" after each candidate that compiled and ran
         first, step = map(int, args.compile_only.split("/"))
-        for dim in args.dims:  # N = 4096 specialises as 65536 does (both multiples of 16)
-            t = _inputs(4096, dim, args.heads, torch.bfloat16)
-            for d, kernel, config in jobs[first::step]:
-                if d == dim:
-                    _launcher(kernel, config, t, dim)()
-        torch.cuda.synchronize()
+        inputs = {}
+        for index in range(first, len(jobs), step):
+            dim, kernel, config = jobs[index]
+            if dim not in inputs:  # N = 4096 specialises as 65536 does (both multiples of 16)
+                inputs[dim] = _inputs(4096, dim, args.heads, torch.bfloat16)
+            _launcher(kernel, config, inputs[dim], dim)()
+            torch.cuda.synchronize()  # a failed launch fails here, before its index is printed
+            print(f"done {index}", flush=True)
         return 0
     recorder = open_store(PROG, args.db, {**vars(args), "segments": SEGMENTS, "rates": RATES}, device, tag=args.tag)
     if recorder is None:
         return 1
     if args.prewarm:
-        start = time.time()
-        procs = [subprocess.Popen([sys.executable, __file__, "--compile-only", f"{i}/{args.prewarm}", "--dims",
-                                   *map(str, args.dims), "--heads", str(args.heads)]) for i in range(args.prewarm)]
-        failed = [proc.wait() for proc in procs]
-        print(f"prewarm: {len(jobs)} candidates compiled in {time.time() - start:.0f} s (exit {failed})",
-              file=sys.stderr)
+        jobs = _prewarm(jobs, args)
     dtype = torch.float32 if args.rehearse else torch.bfloat16  # the interpreter's bf16 dot is wrong
     timer, rows = Timer(recorder.device), []
     for n in args.seq_lens:

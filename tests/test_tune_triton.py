@@ -92,3 +92,32 @@ def test_the_tma_candidate_gives_the_launchers_result(kernel, monkeypatch):
             torch.testing.assert_close(a, b)
     assert tune_triton._label(tune_triton.TMA, kernel) == "launcher/tma"
     assert (kernel, tune_triton.TMA) in {(k, c) for _, k, c in tune_triton._jobs([64])}
+
+
+def test_prewarm_leaves_out_the_candidates_a_process_did_not_finish(monkeypatch, capsys):
+    # Process i compiles jobs i, i + J, …, printing "done <index>" after each; one that fails (a
+    # compile error, or a launch that leaves the GPU context unusable) stops there. The timed run
+    # then goes without the candidates it did not finish, named, but keeps the launcher's own choice.
+    from argparse import Namespace
+
+    jobs = tune_triton._jobs([64])
+    launcher_jobs = {i for i, job in enumerate(jobs) if job[2] is None}
+    failing = next(i for i, job in enumerate(jobs) if job[2] == tune_triton.TMA)
+
+    class Process:
+        def __init__(self, command, **kwargs):
+            first, step = map(int, command[command.index("--compile-only") + 1].split("/"))
+            mine = range(first, len(jobs), step)
+            self.done = [i for i in mine if i < failing] if failing in mine else list(mine)
+            self.returncode = 1 if failing in mine else 0
+
+        def communicate(self):
+            return "".join(f"done {i}\n" for i in self.done), None
+
+    monkeypatch.setattr(tune_triton.subprocess, "Popen", Process)
+    kept = tune_triton._prewarm(jobs, Namespace(prewarm=3, dims=[64], heads=2))
+    lost = [i for i in range(failing, len(jobs), 3) if i not in launcher_jobs]
+    assert kept == [job for i, job in enumerate(jobs) if i not in lost]
+    assert all(jobs[i] in kept for i in launcher_jobs)
+    left_out = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert len(left_out) == len(lost) and "left out D=64 fwd launcher/tma" in left_out[0]
