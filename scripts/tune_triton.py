@@ -18,8 +18,8 @@ the A/B of the first branch's launches overwriting unset buffers (OVERWRITE,
 every row. Forward candidates ``half`` and ``cast``: the launcher's choice
 merging every branch straight into a bf16 output (``KernelConfig.half_out``),
 against that choice followed by the cast of its fp32 output that the
-launcher returns (what ``half`` saves). Forward and dq candidate ``tma``: the
-launcher's choice loading keys and values through tensor descriptors
+launcher returns (what ``half`` saves). Candidate ``tma`` (every kernel): the
+launcher's choice loading the walked rows through tensor descriptors
 (``KernelConfig.tma``). Compiling takes most of the time: ``--prewarm J`` first compiles
 every candidate in J processes at a small N with the same specialisations,
 which fill triton's cache for the timed run; a candidate a process did not
@@ -74,9 +74,9 @@ DOTS = {"fwd": 2, "dq": 3, "dkdv": 4}  # matmuls per score pair (work.DOTS)
 ADD = "add"  # the launcher's configuration, every launch adding into zeroed buffers (module doc)
 HALF = "half"  # forward: the launcher's configuration merging into an output of the inputs' dtype (half_out)
 CAST = "cast"  # forward: the launcher's configuration, its fp32 output then cast as the launcher returns it
-TMA = "tma"  # forward, dq: the launcher's configuration loading keys through tensor descriptors (KernelConfig.tma)
+TMA = "tma"  # the launcher's configuration loading the walked rows through tensor descriptors (KernelConfig.tma)
 LAUNCHER = (None, ADD, HALF, CAST, TMA)  # the launcher's own tile, walk, warps and stages
-LAUNCHER_CANDIDATES = {"fwd": [HALF, CAST, TMA], "dq": [TMA]}  # beside None and ADD, which every kernel has
+LAUNCHER_CANDIDATES = {"fwd": [HALF, CAST, TMA], "dq": [TMA], "dkdv": [TMA]}  # beside None and ADD
 
 
 def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):

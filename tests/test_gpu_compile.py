@@ -66,8 +66,7 @@ def _configs() -> list[Config]:
                     out.append(Config(kernel, dtype, d, tile, 90, False, False, candidate=True))
                     if kernel == "_fwd_kernel":  # and the output in bf16, with the heaviest flags
                         out.append(Config(kernel, dtype, d, tile, 90, half_out=True))
-                    if kernel != "_dkdv_kernel":  # and keys through tensor descriptors (TMA)
-                        out.append(Config(kernel, dtype, d, tile, 90, tma=True))
+                    out.append(Config(kernel, dtype, d, tile, 90, tma=True))  # rows through descriptors (TMA)
     return out
 
 

@@ -280,9 +280,10 @@ def test_full_blocks_without_masks_equal_the_masked_walk(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_keys_through_tensor_descriptors_equal_the_strided_loads(seed):
-    # TMA (forward, dq): the walked keys and values load through tensor descriptors over the class's
-    # rows (Hopper's TMA) — a tuning candidate, off until timed faster (work.KernelConfig.tma), switched
-    # on here per call, with whole blocks unmasked or not. On random configurations (causal, key masks,
+    # TMA: the walked rows (forward, dq: keys and values; dk/dv: queries and output gradients) load
+    # through tensor descriptors over the class's rows (Hopper's TMA) — a tuning candidate, off until
+    # timed faster (work.KernelConfig.tma), switched on here per call, with whole blocks unmasked or not
+    # and dq by atomic adds or not. On random configurations (causal, key masks,
     # packed documents, head dims 8 to 72) out, lse and the gradients equal the strided loads': bitwise
     # in the interpreter (the same values reach the same arithmetic), to fp32 rounding on a GPU. Keys the
     # mask removes hold NaN here: a descriptor loads them, and they must read as 0 as a masked load's do.
@@ -307,7 +308,8 @@ def test_keys_through_tensor_descriptors_equal_the_strided_loads(seed):
 
     def run(tma):
         config = KernelConfig(tile, walk, 4, 2, full_blocks=whole, tma=tma)
-        return _impl(q, k, v, grad, segments, rates, causal, mode, {"fwd": config, "dq": config}, mask, cu=cu)
+        options = {"fwd": config, "dq": config, "dkdv": KernelConfig(tile, walk, 4, 2, atomic_dq=seed == 1, tma=tma)}
+        return _impl(q, k, v, grad, segments, rates, causal, mode, options, mask, cu=cu)
 
     described, strided = run(True), run(False)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), described, strided):

@@ -161,7 +161,7 @@ def test_tma_holds_where_a_class_row_is_a_16_byte_multiple_on_hopper_and_later()
     assert not work.launch_flags("fwd", config, 64, "bfloat16", arch=80, **flags)["TMA"]  # no TMA unit
     assert not work.launch_flags("fwd", config, 12, "bfloat16", arch=90, **flags)["TMA"]  # 24-byte rows
     assert not work.launch_flags("fwd", replace(config, tma=False), 64, "bfloat16", arch=90, **flags)["TMA"]
-    assert "TMA" not in work.launch_flags("dkdv", replace(config, tma=False), 64, "bfloat16", arch=90, **flags)
+    assert work.launch_flags("dkdv", config, 64, "bfloat16", arch=90, **flags)["TMA"]
     entry = kernel_config("dq", "bfloat16", 128, 90)
     assert kernel_config("dq", "bfloat16", 128, 90, tile=32).tma == entry.tma  # chosen per call, like half_out
 
@@ -221,9 +221,7 @@ def test_the_first_launch_overwrites_only_where_every_row_is_written():
     (lambda: work.check_kernel_options({"fwd": KernelConfig(32, 16, 4, 2, atomic_dq=True)}), ValueError,
      "atomic_dq is the dkdv kernel's"),
     (lambda: work.check_kernel_options({"dkdv": KernelConfig(32, 16, 4, 2, full_blocks=True)}), ValueError,
-     "full_blocks and tma the fwd and dq kernels'"),
-    (lambda: work.check_kernel_options({"dkdv": KernelConfig(32, 16, 4, 2, tma=True)}), ValueError,
-     "full_blocks and tma the fwd and dq kernels'"),
+     "full_blocks the fwd and dq kernels'"),
     (lambda: work.check_kernel_options({"dq": KernelConfig(32, 16, 4, 2, half_out=True)}), ValueError,
      "half_out the fwd kernel's"),
     (lambda: kernel_config("fwd", "float64", 32), ValueError, "serve bfloat16, float16 and float32"),

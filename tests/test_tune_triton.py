@@ -75,7 +75,7 @@ def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_withou
     assert not {(k, c) for k, c in jobs if c in (tune_triton.HALF, tune_triton.CAST) and k != "fwd"}
 
 
-@pytest.mark.parametrize("kernel", ["fwd", "dq"])
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
 def test_the_tma_candidate_gives_the_launchers_result(kernel, monkeypatch):
     # ``tma``: the launcher's choice with keys and values loaded through tensor descriptors; the same
     # values reach the same arithmetic, so its result is the launcher's own, bitwise in the interpreter.

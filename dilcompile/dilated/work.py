@@ -80,8 +80,8 @@ class KernelConfig:
     # fwd, half inputs: merge every branch straight into an output of q's dtype (no fp32 buffer of N·H·D
     # and no cast pass; one rounding per branch instead of one at the end)
     half_out: bool = False
-    # fwd, dq: load the walked keys and values through tensor descriptors (TMA on Hopper), where D's rows are
-    # 16-byte multiples (tma_fits) on sm_90 and later
+    # load the walked rows (fwd, dq: keys and values; dkdv: queries and output gradients) through tensor
+    # descriptors (TMA on Hopper), where D's rows are 16-byte multiples (tma_fits) on sm_90 and later
     tma: bool = False
     source: str = "override"  # where its timing came from (a run under runs/), or why there is none
 
@@ -164,10 +164,10 @@ def check_kernel_options(options) -> dict[str, KernelConfig]:
             raise ValueError(f"kernel_options keys must be among {KERNELS}, got {kernel!r}")
         if not isinstance(config, KernelConfig):
             raise TypeError(f"kernel_options[{kernel!r}] must be a work.KernelConfig, got {type(config).__name__}")
-        if (config.atomic_dq and kernel != "dkdv") or ((config.full_blocks or config.tma) and kernel == "dkdv") or \
+        if (config.atomic_dq and kernel != "dkdv") or (config.full_blocks and kernel == "dkdv") or \
                 (config.half_out and kernel != "fwd"):
-            raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks and "
-                             f"tma the fwd and dq kernels', half_out the fwd kernel's; got {config}")
+            raise ValueError(f"kernel_options[{kernel!r}]: atomic_dq is the dkdv kernel's choice, full_blocks the "
+                             f"fwd and dq kernels', half_out the fwd kernel's; got {config}")
     return options
 
 
@@ -208,8 +208,8 @@ def launch_flags(kernel: str, config: KernelConfig, head_dim: int, dtype, *, bra
     if kernel == "dkdv":  # it owns keys and walks queries
         flags = dict(BLOCK_M=config.walk, BLOCK_N=config.tile, ATOMIC_DQ=config.atomic_dq)
     else:
-        flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks,
-                     TMA=config.tma and tma_fits(head_dim, dtype, arch))
+        flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks)
+    flags["TMA"] = config.tma and tma_fits(head_dim, dtype, arch)
     flags.update(BLOCK_D=block_d(head_dim), HAS_KEEP=bool(has_keep), VARLEN=bool(varlen), CAUSAL=bool(causal),
                  PREC=precision(dtype, interpreting), OVERWRITE=branch == 0 and overwrites(kernel, covers, has_keep))
     if not interpreting:  # the interpreter takes no launch options

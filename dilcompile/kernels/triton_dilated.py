@@ -36,9 +36,10 @@ need no zero-fill and no read), and ``FULL_BLOCKS`` (forward and dq) to walk
 the key blocks every row of a tile sees whole without building a mask, the
 causal diagonal and a class's short end with one — a tuning candidate
 (``dilated/work.KernelConfig.full_blocks``), off until timed faster. And
-``TMA`` (forward and dq, another candidate: ``KernelConfig.tma``): the walked
-keys and values load through tensor descriptors over the class's rows, a
-2-D box of row stride r·D, which Hopper's TMA unit fetches.
+``TMA`` (another candidate: ``KernelConfig.tma``): the walked keys and
+values (forward, dq) or queries and output gradients (dk/dv) load through
+tensor descriptors over the class's rows, a 2-D box of row stride r·D, which
+Hopper's TMA unit fetches.
 
 ``scale`` is cast to fp32 on entry: torch.compile types a Python-float kernel
 argument as fp64, which would make the softmax state fp64 (a compile error in
@@ -345,7 +346,7 @@ def _dq_kernel(
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, KEEP, OFFSETS, SEGS, BRANCH, H, N, D, w, r, scale,
     HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
-    OVERWRITE: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    OVERWRITE: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv of branch (w, r) for one tile of same-class keys, added into DK, DV (fp32)."""
@@ -374,14 +375,22 @@ def _dkdv_kernel(
         t_lo = 0
         if CAUSAL:  # queries before the tile's first key never see it
             t_lo = first
+        queries, grads = Q, DO
+        if TMA:  # the class's queries and output gradients as descriptors, made once per program
+            queries = _class_rows(Q, base, s0, off, r, n_class, D, BLOCK_M, BLOCK_D)
+            grads = _class_rows(DO, base, s0, off, r, n_class, D, BLOCK_M, BLOCK_D)
         for t0 in range(t_lo, n_class, BLOCK_M):
             tq = t0 + tl.arange(0, BLOCK_M)
             qpos = s0 + off + tq * r
             q_ok = tq < n_class
             qt = base + qpos[:, None].to(tl.int64) * D + d[None, :]
             q_mask = q_ok[:, None] & d_ok[None, :]
-            q = tl.load(Q + qt, mask=q_mask, other=0.0)
-            do = tl.load(DO + qt, mask=q_mask, other=0.0)
+            if TMA:  # rows past the class read 0, as the masked loads' do
+                q = queries.load([t0, 0])
+                do = grads.load([t0, 0])
+            else:
+                q = tl.load(Q + qt, mask=q_mask, other=0.0)
+                do = tl.load(DO + qt, mask=q_mask, other=0.0)
             lse = tl.load(LSE + lbase + qpos, mask=q_ok, other=0.0) * 1.4426950408889634
             lse = tl.where(lse == float("-inf"), 0.0, lse)
             delta = tl.load(DELTA + lbase + qpos, mask=q_ok, other=0.0)
