@@ -81,6 +81,14 @@ def test_longnet_on_the_sdpa_path_compiles_with_every_size_symbolic(fake_gpu_cas
     assert _compile(fake_gpu_cases, "sdpa-longnet-dynamic")
 
 
+def test_the_tma_candidate_compiles_through_inductor_for_sm90(fake_gpu_cases):
+    # Tensor descriptors made in a user kernel: Inductor's analysis and codegen take them (it sets
+    # triton's allocator for their scratch memory before its launches); every launch had TMA on.
+    result = fake_gpu_cases("triton-longnet-tma", None)
+    names = [name for name, _, _ in _compile(fake_gpu_cases, "triton-longnet-tma")]
+    assert "_fwd_kernel" in names and result["tma"] == [True]
+
+
 def test_dilated_triton_backward_kernels_compile_for_sm90(fake_gpu_cases):
     names = {name for name, _, _ in _compile(fake_gpu_cases, "triton-backward")}
     assert {"_dq_kernel", "_dkdv_kernel"} <= names

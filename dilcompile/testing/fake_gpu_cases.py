@@ -87,6 +87,30 @@ def _triton_longnet(dynamic: bool):
         q, k, v, dynamic=dynamic or None)
 
 
+def _triton_longnet_tma():
+    """The LongNet forward with the tma candidate as the table's choice (``work.KernelConfig.tma``):
+    Inductor compiles the kernel that makes tensor descriptors. Adds "tma": the TMA flag of every launch.
+    Without Inductor's FX graph cache: in this harness the graph it keys still holds our op, not the
+    kernels it launches, so the "triton-longnet" case's graph (the same op call) would be served."""
+    from dataclasses import replace
+
+    import torch._inductor.config as inductor_config
+
+    from dilcompile.dilated import work
+    from dilcompile.dilated.impl import triton as launcher
+
+    key, flags = (90, "fwd", "bfloat16", 128), []
+    saved, real = work.CONFIGS[key], launcher.launch_flags
+    work.CONFIGS[key] = replace(saved, tma=True)
+    launcher.launch_flags = lambda *args, **kwargs: flags.append(real(*args, **kwargs)) or flags[-1]
+    try:
+        with inductor_config.patch(fx_graph_cache=False):
+            kernels = _triton_longnet(False)
+        return {"kernels": kernels, "tma": sorted({bool(f["TMA"]) for f in flags})}
+    finally:
+        work.CONFIGS[key], launcher.launch_flags = saved, real
+
+
 def _sdpa_longnet_dynamic():
     """The LongNet configuration on the sdpa path, all sizes symbolic (the benchmark's compile): a loss
     after it, so Inductor has kernels of its own to build around the op."""
@@ -197,6 +221,7 @@ CASES = {
     "triton-outputs": lambda: _now(_triton_outputs),
     "triton-longnet": lambda: _now(_triton_longnet, False),
     "triton-longnet-dynamic": lambda: _now(_triton_longnet, True),
+    "triton-longnet-tma": lambda: _now(_triton_longnet_tma),
     "sdpa-longnet-dynamic": lambda: _now(_sdpa_longnet_dynamic),
     "triton-packed": lambda: _now(_triton_packed, False),
     "block-sparse-64": lambda: _block_sparse(64, False),
