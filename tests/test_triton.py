@@ -323,6 +323,26 @@ def test_keys_through_tensor_descriptors_equal_the_strided_loads(seed):
     torch.testing.assert_close(described[0].double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_tma_stays_off_for_tensors_that_do_not_start_on_16_bytes(monkeypatch):
+    # A tensor descriptor's base must sit on 16 bytes: views that start 4 bytes into their storage
+    # load as without the candidate, with the same result.
+    from dilcompile.dilated.impl import triton as launcher
+    from dilcompile.dilated.work import KernelConfig
+
+    seen, real = [], launcher.launch_flags
+    monkeypatch.setattr(launcher, "launch_flags", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    q, k, v = random_qkv(1, 2, 40, 16, dtype=torch.float32, device=DEVICE, seed=0)
+    shifted = [torch.empty(t.numel() + 1, device=DEVICE)[1:].view_as(t).copy_(t) for t in (q, k, v)]
+    args = ([8, 16], [1, 2], "longnet", False, 0.25)
+    options = {"fwd": KernelConfig(16, 16, 4, 2, tma=True)}
+    aligned = launcher.dilated_forward_triton(q, k, v, *args, kernel_options=options)
+    assert [f["TMA"] for f in seen] == [True, True]
+    seen.clear()
+    unaligned = launcher.dilated_forward_triton(*shifted, *args, kernel_options=options)
+    assert shifted[0].storage_offset() == 1 and [f["TMA"] for f in seen] == [False, False]
+    assert torch.equal(aligned[0], unaligned[0]) and torch.equal(aligned[1], unaligned[1])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeypatch):
     # ATOMIC_DQ: the dk/dv kernel also adds each key tile's dS K into dq and the dq kernel is not

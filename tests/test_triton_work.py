@@ -160,6 +160,7 @@ def test_tma_holds_where_a_class_row_is_a_16_byte_multiple_on_hopper_and_later()
     assert work.launch_flags("dq", config, 4, "float32", arch=100, **flags)["TMA"]
     assert not work.launch_flags("fwd", config, 64, "bfloat16", arch=80, **flags)["TMA"]  # no TMA unit
     assert not work.launch_flags("fwd", config, 12, "bfloat16", arch=90, **flags)["TMA"]  # 24-byte rows
+    assert not work.launch_flags("fwd", config, 64, "bfloat16", arch=90, aligned=False, **flags)["TMA"]
     assert not work.launch_flags("fwd", replace(config, tma=False), 64, "bfloat16", arch=90, **flags)["TMA"]
     assert work.launch_flags("dkdv", config, 64, "bfloat16", arch=90, **flags)["TMA"]
     entry = kernel_config("dq", "bfloat16", 128, 90)

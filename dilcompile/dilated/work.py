@@ -197,19 +197,21 @@ def tma_fits(head_dim: int, dtype, arch: int) -> bool:
 
 
 def launch_flags(kernel: str, config: KernelConfig, head_dim: int, dtype, *, branch: int, covers: bool,
-                 causal: bool, has_keep: bool, varlen: bool, interpreting: bool, arch: int = 90) -> dict:
+                 causal: bool, has_keep: bool, varlen: bool, interpreting: bool, arch: int = 90,
+                 aligned: bool = True) -> dict:
     """Every constexpr of one launch of ``kernel`` — the launch of branch
     index ``branch`` with ``config`` on compute capability ``arch`` — and, off
     the interpreter, its warps and stages: the one place they are derived (the
     launcher, scripts/tune_triton.py, testing/gpu_compile.py and the fake-GPU
     tests call it). ``covers``: the first branch reaches every row
     (``impl/triton.first_branch_covers_all``). ``config.tma`` holds where
-    ``tma_fits``, else the launch loads as without it."""
+    ``tma_fits`` and the tensors it describes start ``aligned`` to 16 bytes,
+    else the launch loads as without it."""
     if kernel == "dkdv":  # it owns keys and walks queries
         flags = dict(BLOCK_M=config.walk, BLOCK_N=config.tile, ATOMIC_DQ=config.atomic_dq)
     else:
         flags = dict(BLOCK_M=config.tile, BLOCK_N=config.walk, FULL_BLOCKS=config.full_blocks)
-    flags["TMA"] = config.tma and tma_fits(head_dim, dtype, arch)
+    flags["TMA"] = config.tma and aligned and tma_fits(head_dim, dtype, arch)
     flags.update(BLOCK_D=block_d(head_dim), HAS_KEEP=bool(has_keep), VARLEN=bool(varlen), CAUSAL=bool(causal),
                  PREC=precision(dtype, interpreting), OVERWRITE=branch == 0 and overwrites(kernel, covers, has_keep))
     if not interpreting:  # the interpreter takes no launch options

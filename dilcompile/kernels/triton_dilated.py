@@ -133,8 +133,8 @@ def _class_rows(X, base, s0, off, r, n_class, D, BLOCK: tl.constexpr, BLOCK_D: t
     """A tensor descriptor (TMA on Hopper) over the class rows s0 + off + t·r,
     t < n_class, of the (b, h) slice at ``base``: its loads are BLOCK × BLOCK_D
     boxes, rows past the class and lanes past D reading 0. The launcher sets
-    ``TMA`` only where D's rows are 16-byte multiples, which TMA needs of the
-    start and the stride (the tensors' own 16-byte alignment is specialised)."""
+    ``TMA`` only where D's rows are 16-byte multiples and the tensors start on
+    16 bytes, which TMA needs of the base and the stride."""
     return tl.make_tensor_descriptor(X + base + (s0 + off).to(tl.int64) * D, shape=[n_class, D], strides=[r * D, 1],
                                      block_shape=[BLOCK, BLOCK_D])
 

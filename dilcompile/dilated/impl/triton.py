@@ -84,6 +84,14 @@ def _scratch_for_descriptors() -> None:
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+def _aligned(*tensors: Tensor) -> bool:
+    """Whether each tensor starts 16 bytes into an allocation (its storage
+    offset; torch's allocations are aligned further), as a tensor descriptor's
+    base must. A symbolic offset counts as not: reading it would add a guard."""
+    offsets = [t.storage_offset() * t.element_size() for t in tensors]
+    return all(isinstance(o, int) and o % 16 == 0 for o in offsets)
+
+
 def _shape(q: Tensor):
     """(B, H, N, D) of q with D a plain int: the kernels compile per head dim
     (BLOCK_D) and the tile choice is cached by it, so a traced D (``dynamic=True``)
@@ -180,7 +188,8 @@ def dilated_forward_triton(
     else:
         out, lse = _zeros(q.shape, q.device, out_dtype), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
-    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None)
+    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None,
+                  aligned=_aligned(q, k, v))
     no_table = _no_segment_table(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         tile, meta = _launch("fwd", w, r, n, dim, q, arch, options.get("fwd"), branch=i, **inputs)
@@ -218,7 +227,8 @@ def dilated_backward_triton(
     dk, dv = (_unset(q.shape, q.device) if overwrites("dkdv", covers, has_keep) else _zeros(q.shape, q.device)
               for _ in range(2))
     offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
-    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None)
+    inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None,
+                  aligned=_aligned(q, k, v, grad_out))
     no_table = _no_segment_table(q)
     for i, (w, r) in enumerate(branches(segment_lengths, dilation_rates)):
         segments = None if cu_seqlens is None else segment_table(cu_seqlens, w, n)
