@@ -92,9 +92,9 @@ def _inputs(n: int, dim: int, heads: int, dtype, device: str = "cuda"):
 def _launcher(kernel: str, config, t: dict, dim: int):
     """A function that runs ``kernel`` over every branch with ``config`` (None:
     the launcher's own choice; ``ADD``: that choice, never overwriting; ``HALF``,
-    ``CAST``: see the module doc) into fresh fp32 buffers (HALF: the output in
-    the inputs' dtype), unset where the first launch writes them whole as the
-    launcher's are, and returns them."""
+    ``CAST``, ``TMA``: see the module doc) into fresh fp32 buffers (HALF: the
+    output in the inputs' dtype), unset where the first launch writes them
+    whole as the launcher's are, and returns them."""
     from dataclasses import replace
 
     from dilcompile.dilated.impl import triton as launcher
@@ -150,7 +150,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
 
 
 def _label(config, kernel: str) -> str:
-    """"launcher", "launcher/add" (``ADD``, and so on for ``HALF``, ``CAST``), or owned/walk/warps/stages,
+    """"launcher", "launcher/add" (``ADD``; so for ``HALF``, ``CAST``, ``TMA``), or owned/walk/warps/stages,
     with "/whole" where the forward or dq walks whole blocks unmasked and "/atomic" where dk/dv adds dq too
     (compare it with the best dq plus dk/dv)."""
     if config is None:
