@@ -17,13 +17,22 @@ import tune_triton  # noqa: E402
 from dilcompile.dilated.impl.triton import dilated_backward_triton, dilated_forward_triton  # noqa: E402
 
 
-@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
-def test_the_add_candidate_and_the_launchers_choice_give_the_launchers_result(kernel, monkeypatch):
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+N, DIM, HEADS = 192, 32, 2
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """tune_triton's inputs at N = 192 (D = 32, H = 2) for a two-branch LongNet configuration, segments
+    (64, 128), rates (1, 2), in the dtype asked for."""
     monkeypatch.setattr(tune_triton, "SEGMENTS", [64, 128])
     monkeypatch.setattr(tune_triton, "RATES", [1, 2])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    n, dim, heads = 192, 32, 2
-    t = tune_triton._inputs(n, dim, heads, torch.float32, device)
+    return lambda dtype=torch.float32: tune_triton._inputs(N, DIM, HEADS, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
+def test_the_add_candidate_and_the_launchers_choice_give_the_launchers_result(kernel, tiny):
+    t, dim = tiny(), DIM
     scale = dim ** -0.5
     if kernel == "fwd":
         out, _ = dilated_forward_triton(t["q"], t["k"], t["v"], [64, 128], [1, 2], "longnet", False, scale)
@@ -42,7 +51,7 @@ def test_the_add_candidate_and_the_launchers_choice_give_the_launchers_result(ke
     assert (kernel, tune_triton.ADD) in {(k, c) for _, k, c in tune_triton._jobs([64])}
 
 
-def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_without_half_out(monkeypatch):
+def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_without_half_out(tiny):
     # ``half`` (every branch merged straight into the inputs' dtype) against ``cast`` (the fp32 merge,
     # then the cast the launcher returns): each equals the launcher's forward with half_out on and off.
     # fp16: Triton's interpreter rounds it to nearest even, as the GPU does (its bf16 cast truncates).
@@ -50,11 +59,7 @@ def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_withou
 
     from dilcompile.dilated.work import branch_tile, kernel_config
 
-    monkeypatch.setattr(tune_triton, "SEGMENTS", [64, 128])
-    monkeypatch.setattr(tune_triton, "RATES", [1, 2])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    n, dim, heads = 192, 32, 2
-    t = tune_triton._inputs(n, dim, heads, torch.float16, device)
+    t, n, dim = tiny(torch.float16), N, DIM
 
     def launcher(half):  # both branches' classes hold 64 positions: one tile, so one configuration serves both
         tile = branch_tile(64, 1, n, dim, False, torch.float16)
@@ -76,17 +81,13 @@ def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_withou
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
-def test_the_tma_candidate_gives_the_launchers_result(kernel, monkeypatch):
-    # ``tma``: the launcher's choice with keys and values loaded through tensor descriptors; the same
+def test_the_tma_candidate_gives_the_launchers_result(kernel, tiny):
+    # ``tma``: the launcher's choice with the walked rows loaded through tensor descriptors; the same
     # values reach the same arithmetic, so its result is the launcher's own, bitwise in the interpreter.
-    monkeypatch.setattr(tune_triton, "SEGMENTS", [64, 128])
-    monkeypatch.setattr(tune_triton, "RATES", [1, 2])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    n, dim, heads = 192, 32, 2
-    t = tune_triton._inputs(n, dim, heads, torch.float32, device)
-    launcher, tma = (tune_triton._launcher(kernel, config, t, dim)() for config in (None, tune_triton.TMA))
+    t = tiny()
+    launcher, tma = (tune_triton._launcher(kernel, config, t, DIM)() for config in (None, tune_triton.TMA))
     for a, b in zip(launcher, tma):
-        if device == "cpu":
+        if DEVICE == "cpu":
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b)
