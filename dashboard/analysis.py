@@ -234,11 +234,20 @@ def attention_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df[~is_tile(df) & ~is_serving(df)] if not df.empty else df
 
 
-def _rel_err(config) -> float:
+def _doc(config) -> dict:
+    """A row's config JSON as a dict ({} where it is empty, not JSON or not an object)."""
     try:
-        value = json.loads(config).get("rel_err_vs_launcher") if isinstance(config, str) and config else None
+        doc = json.loads(config) if isinstance(config, str) and config else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _rel_err(config) -> float:
+    value = _doc(config).get("rel_err_vs_launcher")
+    try:
         return float(value) if value is not None else math.nan
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return math.nan
 
 
@@ -282,14 +291,6 @@ SERVING_BASELINE = "sdpa"
 def is_serving(df: pd.DataFrame) -> pd.Series:
     """Rows of ``scripts/bench_hf_serving.py``: a Hugging Face model's static-cache decode."""
     return df["variant"].fillna("").astype(str).eq(SERVING_VARIANT)
-
-
-def _doc(config) -> dict:
-    try:
-        doc = json.loads(config) if isinstance(config, str) and config else {}
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _number(docs: pd.Series, key: str) -> pd.Series:

@@ -117,7 +117,8 @@ def test_figure_draws_a_line_per_attention_and_batch_and_marks_sdpa():
     table = analysis.serving_table(runs)
     fig = figures.serving_figure(table, "decode_vs_sdpa", "decode ÷ sdpa")
     lines = {trace.name: list(trace.y) for trace in fig.data}
-    assert lines == {"&lt;b&gt;ours&lt;/b&gt; · B=1": [1.5, 4.0], "&lt;b&gt;ours&lt;/b&gt; · B=4": [0.5]}  # stored text
+    ours = "&lt;b&gt;ours&lt;/b&gt;"  # stored text, escaped
+    assert lines == {f"{ours} · B=1": [1.5, 4.0], f"{ours} · B=4": [0.5]}
     assert [shape.y0 for shape in fig.layout.shapes] == [1]  # sdpa's line
     absolute = figures.serving_figure(table, "decode_tokens_per_s", "decode tokens/s", baseline=False)
     assert {trace.name for trace in absolute.data} >= {"sdpa · B=1", "sdpa · B=4"} and not absolute.layout.shapes
