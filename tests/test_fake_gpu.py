@@ -19,7 +19,10 @@ pytest.importorskip("triton")
 from dilcompile.testing.fake_gpu_cases import CASES, RUN, TRAINING  # noqa: E402
 
 # Each group's process runs inside the first test that asks for one of its cases: far above its quiet time.
-pytestmark = pytest.mark.timeout(3600)
+# The cases of one process share an xdist worker (loadgroup), so each process runs once per session, not
+# once per worker: the training tests add their own group, so the two processes may run side by side.
+pytestmark = [pytest.mark.timeout(3600), pytest.mark.xdist_group("fake-gpu")]
+TRAINING_PROCESS = pytest.mark.xdist_group("training")
 if torch.version.cuda is not None:  # the stand-ins replace what a CPU-only build lacks; a CUDA build has it
     pytest.skip("the fake GPU harness is for CPU-only torch builds: on a CUDA build run the suite with "
                 "DILCOMPILE_TEST_DEVICE=cuda", allow_module_level=True)
@@ -120,6 +123,7 @@ def test_packed_sequences_compile_to_one_launch_per_branch(fake_gpu_cases):
     assert not [name for name in names if "unbind" in name or "clone" in name], names
 
 
+@TRAINING_PROCESS
 def test_packed_sequences_training_step_compiles_for_sm90(fake_cuda_runtime, fake_gpu_cases):
     names = [name for name, _, _ in _compile(fake_gpu_cases, "triton-packed-training", fake_cuda_runtime)]
     assert names.count("_dq_kernel") == 3 and names.count("_dkdv_kernel") == 3, names
@@ -143,6 +147,7 @@ def test_auto_serves_inference_with_the_sdpa_path_for_sm90(fake_gpu_cases):
     assert not [name for name in names if name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")], names
 
 
+@TRAINING_PROCESS
 def test_auto_trains_with_the_triton_kernels_for_sm90(fake_cuda_runtime, fake_gpu_cases):
     # measured faster for training on an H100 at bf16, D = 128 (dilated/work.py, TRITON_TRAINS_FASTER);
     # the device query folds to a constant: one graph, fullgraph
@@ -154,18 +159,21 @@ def test_longnet_decoder_forward_and_loss_compile_for_sm90(fake_gpu_cases):
     assert len(_compile(fake_gpu_cases, "decoder")) >= 3
 
 
+@TRAINING_PROCESS
 def test_multihead_dilated_triton_training_step_compiles_for_sm90(fake_cuda_runtime, fake_gpu_cases):
     # the loss's forward and backward graphs: our three kernels as Inductor's user kernels
     names = {name for name, _, _ in _compile(fake_gpu_cases, "multihead-triton-training", fake_cuda_runtime)}
     assert {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"} <= names, names
 
 
+@TRAINING_PROCESS
 def test_longnet_decoder_training_step_compiles_for_sm90(fake_cuda_runtime, fake_gpu_cases):
     names = [name for name, _, _ in _compile(fake_gpu_cases, "decoder-training", fake_cuda_runtime)]
     assert any("embedding_dense_backward" in name for name in names), names  # the graph's far end
     assert any("layer_norm_backward" in name for name in names), names
 
 
+@TRAINING_PROCESS
 @pytest.mark.parametrize("attention", ["dilcompile_dilated", "dilcompile_block_sparse"])
 def test_hugging_face_llama_padded_training_step_compiles_for_sm90(attention, fake_cuda_runtime, fake_gpu_cases):
     # a transformers Llama switched to our attention, a padding mask, loss and backward
