@@ -265,3 +265,37 @@ def test_a_new_gpu_is_one_table_entry(monkeypatch):
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     for g, w in zip(grads, wants):
         torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_the_launch_key_follows_the_table_and_a_compiled_call_holds_it(monkeypatch):
+    # AOTAutograd's cache keys the graph Dynamo traced, where a Triton op is one node: the launch key among
+    # its arguments is what tells a graph compiled under another table apart (docs/compiler.md, "Cache
+    # key"; tests/test_fake_gpu.py compiles one through Inductor). Digests, not Python's salted hash:
+    # another process computes the same key.
+    import subprocess
+    import sys
+
+    key = work.launch_key()
+    other = [subprocess.run([sys.executable, "-c", "from dilcompile.dilated.work import launch_key; "
+                             "print(launch_key())"], env=dict(os.environ, PYTHONHASHSEED=seed), capture_output=True,
+                            text=True, check=True).stdout.strip() for seed in ("1", "2")]
+    assert other == [key, key]
+    entry = (90, "fwd", "bfloat16", 128)
+    monkeypatch.setitem(work.CONFIGS, entry, replace(work.CONFIGS[entry], tma=True))
+    tuned = work.launch_key()
+    assert tuned != key and work.launch_key() == tuned
+    calls = []
+
+    def backend(gm, inputs):
+        calls.extend(node.args for node in gm.graph.nodes if "dilated_triton_fwd" in str(node.target))
+        return gm.forward
+
+    q, k, v = random_qkv(1, 2, 48, 8, dtype=torch.float32, seed=4)
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(16, 48), dilation_rates=(1, 2),
+                                                        impl="triton"), backend=backend, fullgraph=True)(q, k, v)
+    finally:
+        torch._dynamo.reset()
+    assert len(calls) == 1 and calls[0][-1] == tuned

@@ -137,7 +137,7 @@ def dilated_attention(
             # checked eagerly above, on the device (no host read) for a compiled call.
             if cu_k is not cu_q:
                 torch._assert_async((cu_q == cu_k).all(), "cu_seqlens_q and cu_seqlens_k of equal totals must be equal")
-            out, lse = torch.ops.dilcompile.dilated_triton_varlen_fwd(q, k, v, *config[:-1], cu_q)
+            out, lse = torch.ops.dilcompile.dilated_triton_varlen_fwd(q, k, v, *config[:-1], cu_q, work.launch_key())
             out = out / len(segments) if mode == "groups" else out
             return (out, lse) if return_lse else out
         out, lse = torch.ops.dilcompile.dilated_varlen_fwd(q, k, v, cu_q, cu_k, None, *config)

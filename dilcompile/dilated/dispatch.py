@@ -10,6 +10,7 @@ from torch import Tensor
 
 from . import ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_fwd/bwd)
 from .suffix import suffix_reference, suffix_attention
+from .work import launch_key
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...], mode: str,
@@ -22,7 +23,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tu
         out, lse = suffix_attention(q, k, v, segments, rates, mode, causal, scale, key_mask, chosen)
     elif chosen == "triton":
         out, lse = torch.ops.dilcompile.dilated_triton_fwd(
-            q, k, v, list(segments), list(rates), mode, causal, scale, key_mask
+            q, k, v, list(segments), list(rates), mode, causal, scale, key_mask, launch_key()
         )
     else:
         out, lse = torch.ops.dilcompile.dilated_fwd(

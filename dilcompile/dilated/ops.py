@@ -49,24 +49,26 @@ def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mo
 
 def register_dilated_autograd(fwd_op, bwd_op) -> None:
     """Autograd for a dilated forward op (q, k, v, segments, rates, mode, causal,
-    scale, key_mask) → (out, lse), routed to ``bwd_op`` (grad_out,
+    scale, key_mask[, launch]) → (out, lse), routed to ``bwd_op`` (grad_out,
     grad_lse, q, k, v, out, lse, segments, rates, mode, causal, scale,
-    key_mask) → (dq, dk, dv). Shared by the SDPA, Triton and decode ops
-    (the packed Triton op takes its cu_seqlens in the mask's place)."""
+    key_mask[, launch]) → (dq, dk, dv). Shared by the SDPA, Triton and decode ops
+    (the packed Triton op takes its cu_seqlens in the mask's place; the Triton
+    ops' launch key, ``impl/triton.launch_key``, goes on to the backward)."""
 
     def setup_context(ctx, inputs, output):
-        q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask = inputs
+        q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask, *launch = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.config = (segment_lengths, dilation_rates, mode, causal, scale)
+        ctx.launch = tuple(launch)
         ctx.set_materialize_grads(False)  # lse is usually unused: skip its gradient term
 
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, key_mask = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_mask)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = bwd_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.config, key_mask, *ctx.launch)
+        return (dq, dk, dv) + (None,) * (6 + len(ctx.launch))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 

@@ -17,6 +17,7 @@ from ..shorter_queries import DECODE_MAX_QUERIES, left_pad
 from . import decode_ops  # noqa: F401  (registers torch.ops.dilcompile.dilated_decode_*)
 from .geometry import plan_parts
 from .impl.reference import dilated_reference
+from .work import launch_key
 
 
 def suffix_reference(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...], rates: tuple[int, ...],
@@ -43,6 +44,7 @@ def suffix_attention(q: Tensor, k: Tensor, v: Tensor, segments: tuple[int, ...],
     start = (nk - nq) // period * period
     lead = nk - nq - start
     full_op = torch.ops.dilcompile.dilated_triton_fwd if impl == "triton" else torch.ops.dilcompile.dilated_fwd
+    launch = (launch_key(),) if impl == "triton" else ()  # the Triton op's (work.launch_key)
     mask = None if key_mask is None else key_mask[:, start:]
-    out, lse = full_op(left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask)
+    out, lse = full_op(left_pad(q, lead), k[:, :, start:], v[:, :, start:], *args, mask, *launch)
     return out[:, :, lead:], lse[:, :, lead:]

@@ -17,7 +17,9 @@ checks the counts against Triton's interpreter with its dot wrapped
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .geometry import group_bounds, longnet_offset
 
@@ -119,6 +121,39 @@ CONFIGS: dict[tuple[int, str, str, int], KernelConfig] = {  # (compute capabilit
 # it takes the bf16 entries, saying so.
 CONFIGS |= {(arch, kernel, "float16", lanes): replace(c, source=f"{c.source} (timed at bf16; fp16: the same MMA)")
             for (arch, kernel, dtype, lanes), c in list(CONFIGS.items()) if dtype == "bfloat16"}
+
+
+# The code that decides a Triton op call's launches besides the table: what launch_key digests.
+_LAUNCH_CODE = ("work.py", "geometry.py", "impl/triton.py", "../kernels/triton_dilated.py")
+_LAUNCH_KEYS: dict[tuple, str] = {}  # the table's entries → their launch key (this process)
+
+
+def launch_key() -> str:
+    """What decides the launches a Triton op call makes, as a digest: the code
+    of the launcher (``impl/triton.py``), of this table and the geometry it
+    reads and of the kernels, and the table's entries as they are now
+    (``CONFIGS``).
+
+    The callers pass it to the ops, so a compiled graph holds it. AOTAutograd's
+    cache keys the graph Dynamo traced, where a Triton op is one node and its
+    launches are not seen: without the key a process whose table or launcher
+    differed (another dilcompile, a tuned table) was served the graph compiled
+    under the old one, its launches included (docs/compiler.md, "Cache
+    key"). Dynamo calls it while tracing and takes the result as a
+    constant, so a table changed after a function compiled takes effect
+    when it compiles again (``torch._dynamo.reset()``), as in a new process."""
+    entries = tuple(sorted(CONFIGS.items()))
+    if entries not in _LAUNCH_KEYS:
+        digest = hashlib.sha256()
+        for name in _LAUNCH_CODE:
+            digest.update((Path(__file__).parent / name).read_bytes())
+        digest.update(repr(entries).encode())
+        _LAUNCH_KEYS[entries] = digest.hexdigest()[:16]
+    return _LAUNCH_KEYS[entries]
+
+
+# What torch._dynamo.assume_constant_result marks (dilcompile/tracing.py): a constant of the trace, no guard.
+launch_key._dynamo_marked_constant = True
 
 
 def fallback_config(kernel: str, dtype, head_dim: int, arch: int, tile: int | None = None) -> KernelConfig:

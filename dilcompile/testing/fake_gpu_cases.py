@@ -89,26 +89,34 @@ def _triton_longnet(dynamic: bool):
 
 def _triton_longnet_tma():
     """The LongNet forward with the tma candidate as the table's choice (``work.KernelConfig.tma``):
-    Inductor compiles the kernel that makes tensor descriptors. Adds "tma": the TMA flag of every launch.
-    Without Inductor's FX graph cache: in this harness the graph it keys still holds our op, not the
-    kernels it launches, so the "triton-longnet" case's graph (the same op call) would be served."""
+    Inductor compiles the kernel that makes tensor descriptors. Adds "tma", the TMA flag of every launch,
+    and "tma_loads", how many of the forward kernels built issue TMA loads. It runs after
+    "triton-longnet" (the same op call, the default table) with Inductor's caches on: the op's launch
+    key (``work.launch_key``) keeps that case's cached graph from being served here."""
     from dataclasses import replace
 
-    import torch._inductor.config as inductor_config
+    import triton
 
     from dilcompile.dilated import work
     from dilcompile.dilated.impl import triton as launcher
 
-    key, flags = (90, "fwd", "bfloat16", 128), []
-    saved, real = work.CONFIGS[key], launcher.launch_flags
+    key, flags, loads = (90, "fwd", "bfloat16", 128), [], []
+    saved, real_flags, real_compile = work.CONFIGS[key], launcher.launch_flags, triton.compile
+
+    def spying_compile(*args, **kwargs):
+        kernel = real_compile(*args, **kwargs)
+        if kernel.name == "_fwd_kernel":
+            loads.append("cp.async.bulk.tensor" in kernel.asm["ptx"])
+        return kernel
+
     work.CONFIGS[key] = replace(saved, tma=True)
-    launcher.launch_flags = lambda *args, **kwargs: flags.append(real(*args, **kwargs)) or flags[-1]
+    launcher.launch_flags = lambda *args, **kwargs: flags.append(real_flags(*args, **kwargs)) or flags[-1]
+    triton.compile = spying_compile  # compile_for_sm90 records through it
     try:
-        with inductor_config.patch(fx_graph_cache=False):
-            kernels = _triton_longnet(False)
-        return {"kernels": kernels, "tma": sorted({bool(f["TMA"]) for f in flags})}
+        kernels = _triton_longnet(False)
+        return {"kernels": kernels, "tma": sorted({bool(f["TMA"]) for f in flags}), "tma_loads": sum(loads)}
     finally:
-        work.CONFIGS[key], launcher.launch_flags = saved, real
+        work.CONFIGS[key], launcher.launch_flags, triton.compile = saved, real_flags, real_compile
 
 
 def _sdpa_longnet_dynamic():
