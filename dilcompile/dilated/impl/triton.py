@@ -10,6 +10,7 @@ them). Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch.library import wrap_triton as _wrap_triton
 
 from ...kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
+from ...tracing import tracing
 from ..geometry import group_bounds, longnet_offset
 from ..work import (KernelConfig, branch_tile, branches, check_kernel_options, kernel_config, launch_flags,
                     overwrites)
@@ -154,6 +156,26 @@ def _offset_table(num_heads, segment_lengths: list[int], dilation_rates: list[in
     return torch.stack(rows).to(torch.int32).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _eager_offset_table(num_heads: int, segment_lengths: tuple[int, ...], dilation_rates: tuple[int, ...], mode: str,
+                        device: torch.device) -> Tensor:
+    table = _offset_table(num_heads, list(segment_lengths), list(dilation_rates), mode, device)
+    if device.type == "cuda":  # later calls may launch on other streams: built before anyone reads it
+        torch.cuda.current_stream(device).synchronize()
+    return table
+
+
+def _head_offsets(num_heads, segment_lengths: list[int], dilation_rates: list[int], mode: str, q: Tensor) -> Tensor:
+    """``_offset_table`` for q's heads, made once per (heads, branches, mode, device) in eager calls:
+    building it is 7 small device launches at 4 branches, as many as the kernels' own. Built per
+    call where it cannot be kept: traced (tensor ops Inductor folds into the graph; H may be a
+    symbol), for a fake or meta q, and while a CUDA graph captures. The kernels only read it."""
+    if tracing() or type(q) is not torch.Tensor or q.device.type == "meta" or (
+            q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _offset_table(num_heads, segment_lengths, dilation_rates, mode, q.device)
+    return _eager_offset_table(int(num_heads), tuple(segment_lengths), tuple(dilation_rates), mode, q.device)
+
+
 def _keep(key_mask: Tensor | None, q: Tensor) -> tuple[Tensor, bool]:
     """(B, N) int8 keep mask (1 = key kept) and whether there is one."""
     if key_mask is None:
@@ -187,7 +209,7 @@ def dilated_forward_triton(
         out, lse = _unset(q.shape, q.device, out_dtype), _unset((batch, heads, n), q.device)
     else:
         out, lse = _zeros(q.shape, q.device, out_dtype), _zeros((batch, heads, n), q.device).fill_(float("-inf"))
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)  # whole: see the kernels
+    offsets = _head_offsets(heads, segment_lengths, dilation_rates, mode, q)  # whole: see the kernels
     inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None,
                   aligned=_aligned(q, k, v))
     no_table = _no_segment_table(q)
@@ -226,7 +248,7 @@ def dilated_backward_triton(
     dq = _unset(q.shape, q.device) if overwrites("dq", covers, has_keep) and not atomic else _zeros(q.shape, q.device)
     dk, dv = (_unset(q.shape, q.device) if overwrites("dkdv", covers, has_keep) else _zeros(q.shape, q.device)
               for _ in range(2))
-    offsets = _offset_table(heads, segment_lengths, dilation_rates, mode, q.device)
+    offsets = _head_offsets(heads, segment_lengths, dilation_rates, mode, q)
     inputs = dict(covers=covers, causal=bool(causal), has_keep=has_keep, varlen=cu_seqlens is not None,
                   aligned=_aligned(q, k, v, grad_out))
     no_table = _no_segment_table(q)
@@ -263,8 +285,8 @@ def _zeros(shape, device, dtype=torch.float32) -> Tensor:
 
 
 def _no_segment_table(q: Tensor) -> Tensor:
-    """A stand-in for SEGS where VARLEN is off (the kernels never read it): made once per call."""
-    return q.new_zeros(2, dtype=torch.int32)
+    """A stand-in for SEGS where VARLEN is off (the kernels never read it, so nothing fills it)."""
+    return q.new_empty(2, dtype=torch.int32)
 
 
 def triton_cdiv(a, b):
