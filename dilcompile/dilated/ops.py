@@ -53,7 +53,7 @@ def register_dilated_autograd(fwd_op, bwd_op) -> None:
     grad_lse, q, k, v, out, lse, segments, rates, mode, causal, scale,
     key_mask[, launch]) → (dq, dk, dv). Shared by the SDPA, Triton and decode ops
     (the packed Triton op takes its cu_seqlens in the mask's place; the Triton
-    ops' launch key, ``impl/triton.launch_key``, goes on to the backward)."""
+    ops' launch key, ``work.launch_key``, goes on to the backward)."""
 
     def setup_context(ctx, inputs, output):
         q, k, v, segment_lengths, dilation_rates, mode, causal, scale, key_mask, *launch = inputs
