@@ -30,6 +30,22 @@ if _WORKERS > 1:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (NVML, NCCL, CUDA events); skipped on CPU")
+    _check_loadgroup(config)
+
+
+def _check_loadgroup(config):
+    """``--dist loadgroup`` must group: the suite's xdist_group marks give one wheel build, one
+    browser at a time and each fake-GPU process once. Under pytest 9.2 pytest-xdist 3.8 silently
+    stops grouping (it writes a node id pytest no longer reads, pytest-xdist#1386) and every group
+    ran once per worker; pyproject's test extra pins pytest < 9.2. Stop rather than run that way."""
+    from importlib.metadata import version
+
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    xdist = tuple(int(part) for part in version("pytest-xdist").split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')}: "
+                                "--dist loadgroup would not group (pytest-xdist#1386); pip install 'pytest<9.2'")
 
 
 # The longest tests, longest first (--durations on the 2-core machine, Inductor cache cold): they
