@@ -268,7 +268,7 @@ def test_a_new_gpu_is_one_table_entry(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-def test_the_launch_key_follows_the_table_and_a_compiled_call_holds_it(monkeypatch):
+def test_the_launch_key_follows_the_table_and_a_compiled_call_holds_it(device, monkeypatch):
     # AOTAutograd's cache keys the graph Dynamo traced, where a Triton op is one node: the launch key among
     # its arguments is what tells a graph compiled under another table apart (docs/compiler.md, "Cache
     # key"; tests/test_fake_gpu.py compiles one through Inductor). Digests, not Python's salted hash:
@@ -291,7 +291,7 @@ def test_the_launch_key_follows_the_table_and_a_compiled_call_holds_it(monkeypat
         calls.extend(node.args for node in gm.graph.nodes if "dilated_triton_fwd" in str(node.target))
         return gm.forward
 
-    q, k, v = random_qkv(1, 2, 48, 8, dtype=torch.float32, seed=4)
+    q, k, v = random_qkv(1, 2, 48, 8, dtype=torch.float32, device=device, seed=4)
     torch._dynamo.reset()
     try:
         torch.compile(lambda q, k, v: dilated_attention(q, k, v, segment_lengths=(16, 48), dilation_rates=(1, 2),
