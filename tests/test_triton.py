@@ -380,7 +380,7 @@ def test_dq_by_atomic_adds_in_the_dkdv_kernel_equals_the_dq_kernel(seed, monkeyp
     torch.testing.assert_close(dk.double(), want[1], rtol=1e-4, atol=1e-5)
 
 
-def test_an_eager_call_launches_the_branch_kernels_and_little_else(device, monkeypatch):
+def test_an_eager_call_launches_the_branch_kernels_and_little_else(monkeypatch):
     # At small N a call is launches and host work: the head-class table is kept per (heads, branches,
     # mode, device), so after the first call a forward launches one kernel per branch and nothing else,
     # a backward two per branch plus Δ's mul and sum. A fake q (a trace's eager run) gets a table of its
@@ -412,7 +412,7 @@ def test_an_eager_call_launches_the_branch_kernels_and_little_else(device, monke
     monkeypatch.setattr(launcher, "_eager_offset_table", launcher.functools.lru_cache(
         launcher._eager_offset_table.__wrapped__))  # empty, and left as it was after the test
     config = ([16, 32, 64, 128], [1, 2, 4, 8], "longnet", False, 0.25)
-    q, k, v = random_qkv(1, 6, 128, 8, dtype=torch.float32, device=device, seed=5)
+    q, k, v = random_qkv(1, 6, 128, 8, dtype=torch.float32, device=DEVICE, seed=5)
     with FakeTensorMode() as fake:
         launcher.dilated_forward_triton(*(fake.from_tensor(t) for t in (q, k, v)), *config)
     assert launcher._eager_offset_table.cache_info().currsize == 0
