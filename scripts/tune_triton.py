@@ -98,7 +98,7 @@ def _launcher(kernel: str, config, t: dict, dim: int):
     from dataclasses import replace
 
     from dilcompile.dilated.impl import triton as launcher
-    from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, launch_flags, overwrites
+    from dilcompile.dilated.work import KernelConfig, branch_tile, branches, kernel_config, overwrites
     from dilcompile.kernels.triton_dilated import _dkdv_kernel, _dq_kernel, _fwd_kernel
 
     q = t["q"]
@@ -120,11 +120,9 @@ def _launcher(kernel: str, config, t: dict, dim: int):
             owned, walk, warps, stages, *whole = config
             flag = {"atomic_dq" if kernel == "dkdv" else "full_blocks": bool(whole and whole[0])}
             chosen = KernelConfig(owned, walk, warps, stages, **flag, source="scripts/tune_triton.py candidate")
-        flags = launch_flags(kernel, chosen, dim, q.dtype, branch=i, covers=covers, causal=False, has_keep=False,
-                             varlen=False, interpreting=launcher.interpreting(), arch=arch)
-        if flags.get("TMA") and not launcher.interpreting():
-            launcher._scratch_for_descriptors()
-        return chosen.tile, flags
+        # the launcher's own flags for it (and the descriptors' scratch memory where TMA is on)
+        return launcher._launch(kernel, w, r, n, dim, q, arch, chosen, branch=i, covers=covers, causal=False,
+                                has_keep=False, varlen=False)
 
     plans = [(i, w, r, *meta(i, w, r)) for i, (w, r) in enumerate(branches(SEGMENTS, RATES))]
 

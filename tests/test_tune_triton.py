@@ -81,11 +81,19 @@ def test_the_half_and_cast_candidates_give_the_launchers_forward_with_and_withou
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
-def test_the_tma_candidate_gives_the_launchers_result(kernel, tiny):
-    # ``tma``: the launcher's choice with the walked rows loaded through tensor descriptors; the same
-    # values reach the same arithmetic, so its result is the launcher's own, bitwise in the interpreter.
-    t = tiny()
-    launcher, tma = (tune_triton._launcher(kernel, config, t, DIM)() for config in (None, tune_triton.TMA))
+def test_the_tma_candidate_gives_the_launchers_result(kernel, tiny, monkeypatch):
+    # ``tma``: the launcher's choice with the walked rows loaded through tensor descriptors (every launch
+    # has TMA on); the same values reach the same arithmetic, so its result is the launcher's own,
+    # bitwise in the interpreter.
+    from dilcompile.dilated.impl import triton as impl
+
+    t, flags, real = tiny(), [], impl.launch_flags
+    monkeypatch.setattr(impl, "launch_flags", lambda *a, **kw: flags.append(real(*a, **kw)) or flags[-1])
+    launcher = tune_triton._launcher(kernel, None, t, DIM)()
+    assert flags and not any(f["TMA"] for f in flags)
+    flags.clear()
+    tma = tune_triton._launcher(kernel, tune_triton.TMA, t, DIM)()
+    assert flags and all(f["TMA"] for f in flags)
     for a, b in zip(launcher, tma):
         if DEVICE == "cpu":
             assert torch.equal(a, b)
