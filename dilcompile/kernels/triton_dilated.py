@@ -140,6 +140,16 @@ def _class_rows(X, base, s0, off, r, n_class, D, BLOCK: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
+def _walked_rows(A, B, base, s0, off, r, n_class, D, TMA: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The two tensors a kernel walks (forward, dq: K and V; dk/dv: Q and dO) as its loads take them:
+    with ``TMA``, ``_class_rows`` descriptors over the class, made once per program; else the pointers."""
+    if TMA:
+        A = _class_rows(A, base, s0, off, r, n_class, D, BLOCK, BLOCK_D)
+        B = _class_rows(B, base, s0, off, r, n_class, D, BLOCK, BLOCK_D)
+    return A, B
+
+
+@triton.jit
 def _key_block(K, V, KEEP, b, N, D, base, s0, off, r, t0, n_keys, d, d_ok,
                HAS_KEEP: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr):
     """Class indices tk of keys t0 … t0 + BLOCK_N − 1, which of them count
@@ -241,10 +251,7 @@ def _fwd_kernel(
         if CAUSAL:  # keys past the tile's last query never count
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
-        keys, values = K, V
-        if TMA:  # the class's keys and values as descriptors, made once per program
-            keys = _class_rows(K, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
-            values = _class_rows(V, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
+        keys, values = _walked_rows(K, V, base, s0, off, r, n_class, D, TMA, BLOCK_N, BLOCK_D)
         for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
             k, v = _full_block(keys, values, base, s0, off, r, t0, D, d, d_ok, TMA, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC) * qk_scale
@@ -314,10 +321,7 @@ def _dq_kernel(
         if CAUSAL:
             n_keys = tl.minimum(n_keys, first + BLOCK_M)
         n_full = _full_keys(n_class, first, HAS_KEEP, CAUSAL, FULL_BLOCKS, BLOCK_N)
-        keys, values = K, V
-        if TMA:  # the class's keys and values as descriptors, made once per program
-            keys = _class_rows(K, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
-            values = _class_rows(V, base, s0, off, r, n_class, D, BLOCK_N, BLOCK_D)
+        keys, values = _walked_rows(K, V, base, s0, off, r, n_class, D, TMA, BLOCK_N, BLOCK_D)
         for t0 in range(0, n_full, BLOCK_N):  # no mask to build: every row sees every key
             k, v = _full_block(keys, values, base, s0, off, r, t0, D, d, d_ok, TMA, BLOCK_N)
             s = _dot(q, tl.trans(k), PREC)
@@ -375,10 +379,7 @@ def _dkdv_kernel(
         t_lo = 0
         if CAUSAL:  # queries before the tile's first key never see it
             t_lo = first
-        queries, grads = Q, DO
-        if TMA:  # the class's queries and output gradients as descriptors, made once per program
-            queries = _class_rows(Q, base, s0, off, r, n_class, D, BLOCK_M, BLOCK_D)
-            grads = _class_rows(DO, base, s0, off, r, n_class, D, BLOCK_M, BLOCK_D)
+        queries, grads = _walked_rows(Q, DO, base, s0, off, r, n_class, D, TMA, BLOCK_M, BLOCK_D)
         for t0 in range(t_lo, n_class, BLOCK_M):
             tq = t0 + tl.arange(0, BLOCK_M)
             qpos = s0 + off + tq * r
