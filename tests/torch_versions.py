@@ -21,10 +21,13 @@ any failure (``make test`` fails with it). Extra arguments go to pytest."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from nested_pytest import ROOT, imported_version, run_pytest
 
@@ -46,13 +49,39 @@ def python() -> Path:
     exe = VENV / "bin" / "python"
     stamp = VENV / ".installed"
     if not stamp.exists():
-        print(f"torch-versions: installing torch {OLDEST} into {VENV} (a CUDA build: a few GB, once)", flush=True)
+        print(f"torch-versions: installing torch {OLDEST} into {VENV} (a CUDA build: about 5 GB, once)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         pinned = [f"{name}=={metadata.version(name)}" for name in PACKAGES]
-        subprocess.run([str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        f"torch=={OLDEST}", *pinned], check=True)
+        try:
+            # One pip run per requirement of torch, without pip's cache: the disk holds the virtualenv
+            # plus one requirement's wheels at a time (about 1 GB), not plus all ~3 GB of them twice over
+            # (pip's temporary copies and its HTTP cache). A CI machine with a few GB to spare ran out of
+            # space installing it in one run. Until the last run torch lacks some of its requirements,
+            # which pip need not report after each.
+            pip(exe, "--no-deps", f"torch=={OLDEST}")
+            for requirement in platform_requirements(exe, "torch"):
+                pip(exe, "--no-warn-conflicts", requirement)
+            pip(exe, f"torch=={OLDEST}", *pinned)
+        except subprocess.CalledProcessError:
+            free = shutil.disk_usage(VENV).free / 2**30
+            print(f"torch-versions: installing torch {OLDEST} failed ({free:.1f} GiB free beside {VENV})", flush=True)
+            raise
         stamp.touch()
     return exe
+
+
+def pip(exe: Path, *args: str) -> None:
+    """One ``pip install`` into the virtualenv, keeping nothing in pip's cache."""
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir", *args],
+                   check=True)
+
+
+def platform_requirements(exe: Path, package: str) -> list[str]:
+    """``package``'s requirements that apply here (no extras), as its installed metadata lists them."""
+    code = f"import importlib.metadata as m; print(*m.requires({package!r}), sep='\\n')"
+    listed = subprocess.run([str(exe), "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    # The nested virtualenv runs this interpreter's version on this machine: its markers evaluate the same here.
+    return [str(r) for r in map(Requirement, listed) if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
 def main(argv: list[str]) -> int:
