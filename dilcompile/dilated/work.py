@@ -144,12 +144,14 @@ def launch_key() -> str:
     when it compiles again (``torch._dynamo.reset()``), as in a new process."""
     entries = tuple(sorted(CONFIGS.items()))
     if entries not in _LAUNCH_KEYS:
-        digest = hashlib.sha256()
-        for name in _LAUNCH_CODE:
-            digest.update((Path(__file__).parent / name).read_bytes())
-        digest.update(repr(entries).encode())
-        _LAUNCH_KEYS[entries] = digest.hexdigest()[:16]
+        _LAUNCH_KEYS[entries] = hashlib.sha256(_launch_code() + repr(entries).encode()).hexdigest()[:16]
     return _LAUNCH_KEYS[entries]
+
+
+@functools.cache
+def _launch_code() -> bytes:
+    """The files of ``_LAUNCH_CODE``, read once a process (a tuned table needs a new key, not a new read)."""
+    return b"".join((Path(__file__).parent / name).read_bytes() for name in _LAUNCH_CODE)
 
 
 # What torch._dynamo.assume_constant_result marks (dilcompile/tracing.py): a constant of the trace, no guard.
